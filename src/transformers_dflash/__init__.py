@@ -1,0 +1,16 @@
+"""transformers-dflash: DFlash block-diffusion speculative decoding for Hugging Face Transformers.
+
+Importing the package registers `DFlashConfig` / `DFlashDraftModel` with the Auto classes and lets
+`target.generate(**inputs, assistant_model=drafter)` run the DFlash path (see `integration`).
+"""
+
+from transformers import AutoConfig, AutoModel
+
+from .configuration_dflash import DFlashConfig, default_target_layer_ids
+from .modeling_dflash import DFlashDraftModel
+
+AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
+AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
+
+__all__ = ["DFlashConfig", "DFlashDraftModel", "default_target_layer_ids"]
+__version__ = "0.1.0"

@@ -7,10 +7,16 @@ Importing the package registers `DFlashConfig` / `DFlashDraftModel` with the Aut
 from transformers import AutoConfig, AutoModel
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
-from .modeling_dflash import DFlashDraftModel
+from .modeling_dflash import DFlashDraftModel, extract_context_features, hidden_state_indices
 
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
 
-__all__ = ["DFlashConfig", "DFlashDraftModel", "default_target_layer_ids"]
+__all__ = [
+    "DFlashConfig",
+    "DFlashDraftModel",
+    "default_target_layer_ids",
+    "extract_context_features",
+    "hidden_state_indices",
+]
 __version__ = "0.1.0"

@@ -86,7 +86,9 @@ class DFlashConfig(Qwen3Config):
 
     def _check(self) -> None:
         if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (one anchor plus at least one drafted token), got {self.block_size}.")
+            raise ValueError(
+                f"block_size must be >= 2 (one anchor plus at least one drafted token), got {self.block_size}."
+            )
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"mask_token_id={self.mask_token_id} is outside the vocabulary (size {self.vocab_size}); pick an unused "

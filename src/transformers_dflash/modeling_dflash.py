@@ -35,6 +35,19 @@ from .configuration_dflash import DFlashConfig
 _OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
+def hidden_state_indices(target_layer_ids: list[int]) -> list[int]:
+    """Indices into Transformers' `hidden_states` tuple for 0-based target layers: index 0 is the embeddings."""
+    return [i + 1 for i in target_layer_ids]
+
+
+def extract_context_features(
+    hidden_states: tuple[torch.Tensor | None, ...], target_layer_ids: list[int]
+) -> torch.Tensor:
+    """(b, n, F * H) drafter context from a target output's `hidden_states` (full tuple, or the one Transformers
+    returns for `output_hidden_states=hidden_state_indices(ids)`, with None at the other indices)."""
+    return torch.cat([hidden_states[i] for i in hidden_state_indices(target_layer_ids)], dim=-1)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE for `x` (b, heads, t, d) with the LAST t rows of `cos`/`sin` (b, T, d), T >= t."""
     t = x.shape[-2]
@@ -157,7 +170,12 @@ class DFlashDecoderLayer(GradientCheckpointingLayer):
         **kwargs: Any,
     ) -> torch.Tensor:
         attended = self.self_attn(
-            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, past_key_values, **kwargs
+            self.input_layernorm(hidden_states),
+            context,
+            position_embeddings,
+            attention_mask,
+            past_key_values,
+            **kwargs,
         )
         hidden_states = hidden_states + attended
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))

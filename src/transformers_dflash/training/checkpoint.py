@@ -1,0 +1,91 @@
+"""Atomic, resumable training checkpoints on top of `accelerate`'s `save_state` / `load_state`.
+
+A checkpoint `checkpoints/step-00000120/` holds what `Accelerator.save_state` writes (drafter weights, optimizer,
+scheduler, the RNG states of every process), the drafter's `config.json`, and `trainer_state.json` (step, epoch,
+wall time, ...). It is written into `step-00000120.tmp/` and renamed into place only when complete, so a killed
+run never leaves a half checkpoint that resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from transformers import PretrainedConfig
+
+STATE_FILE = "trainer_state.json"
+_PREFIX = "step-"
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    """Folder of the checkpoint taken after `step` optimizer steps."""
+    return Path(root) / f"{_PREFIX}{step:08d}"
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first (temporary folders of interrupted saves are ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob(f"{_PREFIX}*") if p.is_dir() and p.suffix != ".tmp" and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None."""
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read_state(checkpoint: str | Path) -> dict[str, Any]:
+    """The `trainer_state.json` of a checkpoint."""
+    return json.loads((Path(checkpoint) / STATE_FILE).read_text())
+
+
+def save_checkpoint(
+    accelerator: Accelerator,
+    root: str | Path,
+    step: int,
+    state: dict[str, Any],
+    config: PretrainedConfig,
+    keep: int | None = None,
+) -> Path:
+    """Writes a checkpoint atomically (every process must call this); keeps the newest `keep` ones.
+
+    Args:
+        accelerator: the run's accelerator (its prepared model, optimizer and scheduler are saved).
+        root: the checkpoints folder.
+        step: optimizer steps done.
+        state: JSON-serialisable trainer state (written as `trainer_state.json`).
+        config: the drafter's config, saved beside the weights so export needs nothing else.
+        keep: how many checkpoints to keep (None: all).
+    """
+    final = checkpoint_dir(root, step)
+    staging = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        config.save_pretrained(staging)
+        (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        if keep is not None:
+            for old in list_checkpoints(root)[:-keep]:
+                shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | Path) -> dict[str, Any]:
+    """Restores model, optimizer, scheduler and RNG states from `checkpoint`; returns its trainer state."""
+    accelerator.load_state(str(checkpoint))
+    return read_state(checkpoint)

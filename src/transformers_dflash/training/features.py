@@ -1,0 +1,294 @@
+"""Target features: the frozen target's hidden states that condition the drafter, online or from a disk cache.
+
+`capture_features` runs the target once (no grad) and returns the concatenated hidden states of
+`target_layer_ids` -- read through `hidden_state_indices`/`extract_context_features`, the same +1 offset inference
+uses -- and optionally the target's own argmax at every position from the same forward.
+
+`FeatureCacheWriter` / `FeatureCache` keep those features as fp16 shards on disk, memory-mapped when read, so
+several epochs reuse one target pass. Layout of a cache folder::
+
+    meta.json        {"width", "target_layer_ids", "predictions", "shard_tokens"}
+    index.jsonl      one {"id", "shard", "row", "length"} per sequence, appended after its rows are on disk
+    shard-00000.f16  raw float16 rows (tokens x width); shard-00000.i32 raw int32 argmax (with predictions)
+
+Writing is resumable: rows past the last indexed sequence (a killed run) are cut off and done ids skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from ..modeling_dflash import extract_context_features, hidden_state_indices
+
+
+@dataclass
+class TargetFeatures:
+    """One target pass.
+
+    Attributes:
+        hidden: (b, n, F * H) concatenated hidden states of the target layers (the drafter's context input).
+        predictions: (b, n) the target's argmax at each position (its guess for the NEXT token), or None.
+    """
+
+    hidden: torch.Tensor
+    predictions: torch.LongTensor | None = None
+
+
+@torch.no_grad()
+def capture_features(
+    target: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    target_layer_ids: list[int],
+    attention_mask: torch.Tensor | None = None,
+    with_predictions: bool = False,
+    head_chunk: int = 1024,
+) -> TargetFeatures:
+    """Runs the frozen target on (b, n) `input_ids` and returns its features (and argmax when asked).
+
+    The decoder runs once with `output_hidden_states=hidden_state_indices(target_layer_ids)`; the argmax applies the
+    target's LM head to the final hidden state in chunks of `head_chunk` positions, so the (n, vocab) logits never
+    exist at once. (Argmax ignores monotone logit transforms such as soft-capping, so the head alone suffices.)
+    """
+    decoder = target.get_decoder()
+    out = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=hidden_state_indices(target_layer_ids),
+        use_cache=False,
+    )
+    hidden = extract_context_features(out.hidden_states, target_layer_ids)  # (b, n, F * H)
+    if not with_predictions:
+        return TargetFeatures(hidden)
+    head = target.get_output_embeddings()
+    chunks = out.last_hidden_state.split(head_chunk, dim=1)  # each (b, <= chunk, H)
+    return TargetFeatures(hidden, torch.cat([head(chunk).argmax(dim=-1) for chunk in chunks], dim=1))
+
+
+def _shard_paths(directory: Path, shard: int) -> tuple[Path, Path]:
+    return directory / f"shard-{shard:05d}.f16", directory / f"shard-{shard:05d}.i32"
+
+
+def _read_index(directory: Path) -> list[dict]:
+    path = directory / "index.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return [json.loads(line) for line in lines if line.endswith("\n")]  # a torn last line is not committed
+
+
+class FeatureCacheWriter:
+    """Appends one sequence's features at a time to a cache folder (see the module docstring).
+
+    Args:
+        directory: cache folder (created; an existing cache with the same layout is resumed).
+        width: F * H, the feature width.
+        target_layer_ids: recorded in `meta.json` and checked on resume.
+        predictions: also store the target's argmax per position.
+        shard_tokens: rows per shard file before a new one starts.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        width: int,
+        target_layer_ids: list[int],
+        predictions: bool = False,
+        shard_tokens: int = 65536,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        meta = {"width": width, "target_layer_ids": list(target_layer_ids), "predictions": predictions}
+        meta_path = self.directory / "meta.json"
+        if meta_path.exists():
+            found = json.loads(meta_path.read_text())
+            if {k: found.get(k) for k in meta} != meta:
+                raise ValueError(
+                    f"{self.directory} holds a feature cache for {found}, not {meta}; use another folder."
+                )
+            shard_tokens = found["shard_tokens"]
+        else:
+            meta_path.write_text(json.dumps({**meta, "shard_tokens": shard_tokens}) + "\n")
+        self.width, self.predictions, self.shard_tokens = width, predictions, shard_tokens
+        index = _read_index(self.directory)
+        self.done = {entry["id"] for entry in index}
+        last = index[-1] if index else {"shard": 0, "row": 0, "length": 0}
+        self.shard, self.rows = last["shard"], last["row"] + last["length"]
+        self._truncate_uncommitted()
+        self._index = (self.directory / "index.jsonl").open("a", encoding="utf-8")
+
+    def _truncate_uncommitted(self) -> None:
+        """Cuts rows a killed run wrote after its last index entry, and removes later shards."""
+        hidden_path, pred_path = _shard_paths(self.directory, self.shard)
+        for path, itemsize in ((hidden_path, 2 * self.width), (pred_path, 4)):
+            if path.exists():
+                with path.open("r+b") as handle:
+                    handle.truncate(self.rows * itemsize)
+        for path in self.directory.glob("shard-*"):
+            if int(path.name[6:11]) > self.shard:
+                path.unlink()
+
+    def write(self, sequence_id: str, hidden: torch.Tensor, predictions: torch.Tensor | None = None) -> None:
+        """Appends (n, width) `hidden` (stored fp16) and (n,) `predictions` for `sequence_id`."""
+        if hidden.dim() != 2 or hidden.shape[1] != self.width:
+            raise ValueError(f"Expected features of shape (n, {self.width}), got {tuple(hidden.shape)}.")
+        if self.predictions != (predictions is not None):
+            raise ValueError(f"This cache {'stores' if self.predictions else 'does not store'} predictions.")
+        if self.rows and self.rows + hidden.shape[0] > self.shard_tokens:
+            self.shard, self.rows = self.shard + 1, 0
+        hidden_path, pred_path = _shard_paths(self.directory, self.shard)
+        with hidden_path.open("ab") as handle:
+            handle.write(hidden.detach().to("cpu", torch.float16).numpy().tobytes())
+            os.fsync(handle.fileno())
+        if predictions is not None:
+            with pred_path.open("ab") as handle:
+                handle.write(predictions.detach().to("cpu", torch.int32).numpy().tobytes())
+                os.fsync(handle.fileno())
+        entry = {"id": sequence_id, "shard": self.shard, "row": self.rows, "length": hidden.shape[0]}
+        self._index.write(json.dumps(entry) + "\n")
+        self._index.flush()
+        self.rows += hidden.shape[0]
+        self.done.add(sequence_id)
+
+    def close(self) -> None:
+        """Closes the index file."""
+        self._index.close()
+
+
+class FeatureCache:
+    """Read side of a feature cache: features of a sequence by id, memory-mapped from the shard files."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        meta_path = self.directory / "meta.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"No feature cache at {self.directory} (meta.json missing); run `features` first.")
+        meta = json.loads(meta_path.read_text())
+        self.width: int = meta["width"]
+        self.target_layer_ids: list[int] = meta["target_layer_ids"]
+        self.has_predictions: bool = meta["predictions"]
+        self.entries = {entry["id"]: entry for entry in _read_index(self.directory)}
+        self._maps: dict[tuple[int, str], np.memmap] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, sequence_id: str) -> bool:
+        return sequence_id in self.entries
+
+    def _map(self, shard: int, kind: str) -> np.memmap:
+        if (shard, kind) not in self._maps:
+            hidden_path, pred_path = _shard_paths(self.directory, shard)
+            if kind == "hidden":
+                self._maps[shard, kind] = np.memmap(hidden_path, dtype=np.float16, mode="r").reshape(-1, self.width)
+            else:
+                self._maps[shard, kind] = np.memmap(pred_path, dtype=np.int32, mode="r")
+        return self._maps[shard, kind]
+
+    def get(self, sequence_id: str) -> TargetFeatures:
+        """(1, n, width) fp16 features (and (1, n) predictions when stored) of one sequence, copied out of the map."""
+        entry = self.entries.get(sequence_id)
+        if entry is None:
+            raise KeyError(f"Sequence {sequence_id!r} is not in the feature cache {self.directory}; rerun `features`.")
+        rows = slice(entry["row"], entry["row"] + entry["length"])
+        hidden = torch.from_numpy(np.array(self._map(entry["shard"], "hidden")[rows]))[None]
+        if not self.has_predictions:
+            return TargetFeatures(hidden)
+        return TargetFeatures(hidden, torch.from_numpy(np.array(self._map(entry["shard"], "pred")[rows])).long()[None])
+
+
+def build_feature_cache(
+    target: PreTrainedModel,
+    sequences: Iterable[tuple[str, list[int]]],
+    directory: str | Path,
+    target_layer_ids: list[int],
+    with_predictions: bool = False,
+    total: int | None = None,
+) -> FeatureCache:
+    """Runs the target once over `(id, token ids)` sequences and stores their features in `directory`.
+
+    Resumable: ids already in the cache are skipped. Returns the cache opened for reading.
+    """
+    width = target.config.get_text_config().hidden_size * len(target_layer_ids)
+    writer = FeatureCacheWriter(directory, width, target_layer_ids, predictions=with_predictions)
+    device = next(target.parameters()).device
+    tokens, start = 0, time.perf_counter()
+    try:
+        with tqdm(sequences, total=total, desc="features", unit="seq") as bar:
+            for sequence_id, ids in bar:
+                if sequence_id in writer.done:
+                    continue
+                feats = capture_features(
+                    target, torch.tensor([ids], device=device), target_layer_ids, with_predictions=with_predictions
+                )
+                preds = feats.predictions[0] if feats.predictions is not None else None
+                writer.write(sequence_id, feats.hidden[0], preds)
+                tokens += len(ids)
+                bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+    finally:
+        writer.close()
+    return FeatureCache(directory)
+
+
+class FeatureSource:
+    """Features for a batch of sequences: read from a `FeatureCache` when given, else computed by the target.
+
+    Returns features right-padded with zeros to the longest sequence (b, n_max, F * H) on `device`, with
+    predictions (b, n_max) when `with_predictions` (the cache must then hold them).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        target_layer_ids: list[int],
+        cache: FeatureCache | None = None,
+        with_predictions: bool = False,
+    ) -> None:
+        if cache is not None and cache.target_layer_ids != list(target_layer_ids):
+            raise ValueError(
+                f"The feature cache holds target layers {cache.target_layer_ids}, the drafter reads "
+                f"{list(target_layer_ids)}; rebuild the cache or match --target-features."
+            )
+        if cache is not None and with_predictions and not cache.has_predictions:
+            raise ValueError("Target-argmax labels need predictions in the feature cache; rebuild it with them.")
+        self.target, self.target_layer_ids = target, list(target_layer_ids)
+        self.cache, self.with_predictions = cache, with_predictions
+
+    def __call__(self, sequences: list[tuple[str, torch.LongTensor]], device: torch.device) -> TargetFeatures:
+        """Features of `(id, (n_i,) token ids)` sequences."""
+        lengths = [ids.shape[0] for _, ids in sequences]
+        n = max(lengths)
+        if self.cache is None:
+            ids = torch.zeros(len(sequences), n, dtype=torch.long)  # right padding: causal, so real rows are exact
+            mask = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]  # (b, n)
+            for row, (_, seq) in enumerate(sequences):
+                ids[row, : seq.shape[0]] = seq
+            return capture_features(
+                self.target, ids.to(device), self.target_layer_ids, mask.long().to(device), self.with_predictions
+            )
+        parts = [self.cache.get(sequence_id) for sequence_id, _ in sequences]
+        for part, length, (sequence_id, _) in zip(parts, lengths, sequences, strict=True):
+            if part.hidden.shape[1] < length:  # a longer cached sequence is fine: features are causal, use a prefix
+                raise ValueError(
+                    f"Cached features of {sequence_id!r} cover {part.hidden.shape[1]} tokens, the sequence has "
+                    f"{length}; the cache was built for other data or a shorter --max-seq-len."
+                )
+        hidden = torch.nn.utils.rnn.pad_sequence(
+            [p.hidden[0, :length] for p, length in zip(parts, lengths, strict=True)], batch_first=True
+        )  # (b, n, F * H)
+        predictions = None
+        if self.with_predictions:
+            predictions = torch.nn.utils.rnn.pad_sequence(
+                [p.predictions[0, :length] for p, length in zip(parts, lengths, strict=True)], batch_first=True
+            )
+            predictions = predictions.to(device)
+        return TargetFeatures(hidden.to(device), predictions)

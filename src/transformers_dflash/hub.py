@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ENTRY_MODULES = ("configuration_dflash", "modeling_dflash")
@@ -65,3 +65,115 @@ def target_fingerprint(target: PreTrainedModel) -> str:
     probe = torch.cat([weight[rows].sum(dim=1), weight.sum(dim=0)[:16]]).cpu()
     digest = hashlib.sha256(f"{tuple(weight.shape)}".encode() + probe.round(decimals=3).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _table(rows: dict[str, str]) -> str:
+    """Markdown rows `| name | value |` (pipes in values escaped)."""
+    escaped = {k: str(v).replace("|", "\\|") for k, v in rows.items()}
+    return "\n".join(f"| {k} | {v} |" for k, v in escaped.items())
+
+
+def write_model_card(
+    save_directory: str | Path,
+    *,
+    base_model: str,
+    config: PretrainedConfig,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+    tau: float | None = None,
+    training: dict[str, str] | None = None,
+    command: str | None = None,
+    datasets: list[str] | None = None,
+) -> Path:
+    """Writes a Hub model card (`README.md`) for a drafter folder: YAML metadata, usage, training facts.
+
+    Args:
+        save_directory: the drafter folder (beside `config.json`).
+        base_model: Hub id of the target the drafter was trained for.
+        config: the drafter's `DFlashConfig` (block size, layers, target layers, mask id are listed).
+        repo_id: the drafter's own Hub id, used in the snippets (default: `<your-name>/<folder name>`).
+        license: SPDX id for the metadata (the target's license normally applies).
+        tau: measured acceptance length on held-out prompts, if known.
+        training: name -> value rows of the training table (data, steps, wall time, hardware, ...).
+        command: the command line that trained it (shown as a code block).
+        datasets: Hub dataset ids for the metadata.
+    """
+    out = Path(save_directory)
+    out.mkdir(parents=True, exist_ok=True)
+    repo = repo_id or f"<your-name>/{out.resolve().name}"
+    block = config.block_size
+    meta = [
+        "---",
+        f"base_model: {base_model}",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        f"license: {license}",
+        "tags:\n- dflash\n- speculative-decoding\n- block-diffusion\n- draft-model",
+    ]
+    if datasets:
+        meta.append("datasets:\n" + "\n".join(f"- {d}" for d in datasets))
+    facts = {
+        "target": f"[{base_model}](https://huggingface.co/{base_model})",
+        "block size": str(block),
+        "draft layers": str(config.num_hidden_layers),
+        "target layers read (0-based)": str(config.target_layer_ids),
+        "mask token id": str(config.mask_token_id),
+        "acceptance length tau (greedy, held-out prompts)": f"{tau:.2f}" if tau is not None else "not measured",
+    }
+    card = f"""{chr(10).join(meta)}
+---
+
+# {out.resolve().name}
+
+A [DFlash](https://arxiv.org/abs/2602.06036) block-diffusion drafter for speculative decoding with
+**{base_model}**. It drafts {block - 1} tokens per forward pass, conditioned on the target's hidden states;
+the target verifies them in one forward, so the output is exactly the target's (identical under greedy
+decoding, the same distribution under sampling). It has no embedding or LM head of its own: it uses the
+target's. Layout and config follow the z-lab DFlash checkpoints, so vLLM and SGLang load it as they load those.
+
+| | |
+|---|---|
+{_table(facts)}
+
+## Usage
+
+Transformers (with `pip install transformers-dflash`):
+
+```python
+import transformers_dflash  # registers DFlash with generate()
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers_dflash import DFlashDraftModel
+
+target = AutoModelForCausalLM.from_pretrained("{base_model}", dtype="auto")
+drafter = DFlashDraftModel.from_pretrained("{repo}", dtype=target.dtype)
+tok = AutoTokenizer.from_pretrained("{base_model}")
+inputs = tok.apply_chat_template([{{"role": "user", "content": "Hi!"}}], add_generation_prompt=True,
+                                 return_tensors="pt", return_dict=True)
+out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
+```
+
+Without the package: `AutoModel.from_pretrained("{repo}", trust_remote_code=True)` loads the drafter from the
+shipped `dflash.py`, and `target.generate(..., assistant_model=drafter, speculation_type="dflash")` runs it
+(Transformers >= 5.23).
+
+vLLM:
+
+```bash
+vllm serve {base_model} \\
+  --speculative-config '{{"method": "dflash", "model": "{repo}", "num_speculative_tokens": {block - 1}}}'
+```
+
+SGLang:
+
+```bash
+python -m sglang.launch_server --model-path {base_model} \\
+  --speculative-algorithm DFLASH --speculative-draft-model-path {repo} --trust-remote-code
+```
+"""
+    if training or command:
+        card += "\n## Training\n\nTrained with `dflash-train` from transformers-dflash.\n"
+        card += f"\n```bash\n{command}\n```\n" if command else ""
+        card += f"\n| | |\n|---|---|\n{_table(training)}\n" if training else ""
+    path = out / "README.md"
+    path.write_text(card)
+    return path

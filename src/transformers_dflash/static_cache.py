@@ -23,9 +23,12 @@ class SlotLayer(CacheLayerMixin):
 
     def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.buffers = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.keys, self.values = self.buffers  # the first rows of the buffers while finished rows have left
         self.device, self.max_cache_len, self.is_initialized = device, shape[2], True
+        if not torch.compiler.is_compiling():  # fixed addresses: in-place writes keep CUDA graphs valid
+            for buffer in self.buffers:
+                torch._dynamo.mark_static_address(buffer)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the buffers are allocated in `__init__`."""
@@ -38,6 +41,15 @@ class SlotLayer(CacheLayerMixin):
         self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
         self.values.scatter_(2, index, value_states.to(self.values.dtype))
         return self.keys, self.values
+
+    def keep_rows(self, index: torch.Tensor | None) -> None:
+        """Moves rows `index` to the front and narrows the cache to them; None restores every row."""
+        if index is None:
+            self.keys, self.values = self.buffers
+            return
+        n = len(index)
+        self.keys = self.buffers[0][:n].copy_(self.keys[index])  # the gather copies before the overwrite
+        self.values = self.buffers[1][:n].copy_(self.values[index])
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.max_cache_len, 0
@@ -68,7 +80,7 @@ class SlotCache(Cache):
     ) -> None:
         shape = (batch, kv_heads, capacity, head_dim)
         super().__init__(layers=[SlotLayer(shape, dtype, device) for _ in range(num_layers)])
-        self.batch, self.capacity, self.dtype, self.device = batch, capacity, dtype, device
+        self.batch, self.capacity, self.dtype, self.device = batch, capacity, dtype, torch.device(device)
         self.slots = torch.zeros(batch, 0, dtype=torch.long, device=device)
 
     @classmethod
@@ -91,6 +103,12 @@ class SlotCache(Cache):
         """Whether this cache can serve a request of that shape (so that it is reused rather than reallocated)."""
         return (self.batch, self.dtype, self.device) == (batch, dtype, device) and capacity <= self.capacity
 
+    def keep_rows(self, index: torch.Tensor | None) -> None:
+        """Keeps only rows `index` (in that order), for example when finished rows leave the batch, without
+        reallocating; None restores all `batch` rows (their contents are then stale)."""
+        for layer in self.layers:
+            layer.keep_rows(index)
+
     def write_at(self, slots: torch.Tensor) -> None:
         """Sets the (b, t) slots the next forward's t new tokens are written to."""
         self.slots = slots
@@ -108,4 +126,4 @@ class SlotCache(Cache):
     @property
     def nbytes(self) -> int:
         """Bytes held by all key and value buffers."""
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
+        return sum(buffer.nbytes for layer in self.layers for buffer in layer.buffers)

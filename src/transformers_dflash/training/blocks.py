@@ -66,6 +66,20 @@ def labels_from_predictions(input_ids: torch.LongTensor, predictions: torch.Long
     return torch.cat([input_ids[:1], predictions[:-1]])
 
 
+def consistent_prefix(block_tokens: torch.LongTensor, block_labels: torch.LongTensor) -> torch.Tensor:
+    """(m, B) bool: which block positions keep their label when labels are the target's argmax on foreign text.
+
+    Position k (>= 1) of a block is labelled with the target's prediction after the sequence's tokens up to
+    anchor + k - 1. That is the target's own greedy continuation only while the sequence agreed with the target
+    at positions 1..k-1 of the block, so position k is kept iff `block_tokens[:, j] == block_labels[:, j]` for
+    every 1 <= j < k. Position 1 is always kept; the anchor (0) never is. For responses the target regenerated
+    greedily, tokens and predictions agree and every position is kept.
+    """
+    agree = (block_tokens[:, 1:-1] == block_labels[:, 1:-1]).int().cumprod(dim=1).bool()  # (m, B - 2)
+    edge = torch.ones(block_tokens.shape[0], 1, dtype=torch.bool, device=block_tokens.device)  # (m, 1)
+    return torch.cat([~edge, edge, agree], dim=1)  # (m, B): anchor never, position 1 always, then the prefix
+
+
 def block_attention_mask(anchors: torch.LongTensor, block_size: int, context_len: int) -> torch.Tensor:
     """The packed-blocks mask (b, 1, q, n + q), bool, True = attend, with q = a * block_size and n = `context_len`.
 
@@ -120,6 +134,7 @@ def build_block_batch(
     block_size: int,
     mask_token_id: int,
     weights: torch.Tensor,
+    consistent: bool = False,
 ) -> BlockBatch:
     """Packs the blocks of several sequences into one batch (context padded to the longest sequence).
 
@@ -131,6 +146,8 @@ def build_block_batch(
         block_size: tokens per block (anchor included).
         mask_token_id: the drafter's mask id (the same one inference uses).
         weights: (block_size,) per-position loss weights from `loss_weights`.
+        consistent: drop positions after the first disagreement of tokens and targets (`consistent_prefix`); use
+            it when `targets` are the target's predictions.
 
     Padded blocks (rows with fewer anchors) have anchor 0, see no context, carry no loss; padded context
     positions are never visible since every real anchor lies inside its own sequence.
@@ -150,10 +167,13 @@ def build_block_batch(
         m = anc.shape[0]
         anchor_pad[row, :m] = anc
         noise[row, :m, 0] = ids[anc]
-        labels[row, :m, 1:] = tgt[anc[:, None] + offsets[None, 1:]]  # (m, B - 1): position k predicts anchor + k
+        block = anc[:, None] + offsets[None, :]  # (m, B) positions of each block
+        labels[row, :m, 1:] = tgt[block[:, 1:]]  # (m, B - 1): position k predicts the token at anchor + k
+        if consistent:
+            labels[row, :m][~consistent_prefix(ids[block], labels[row, :m])] = IGNORE_INDEX
     num_blocks = torch.tensor([anc.shape[0] for anc in anchors])
     real = torch.arange(a)[None, :] < num_blocks[:, None]  # (b, a)
-    block_weights = weights[None, None, :] * real[:, :, None]  # (b, a, B)
+    block_weights = weights[None, None, :] * real[:, :, None] * (labels != IGNORE_INDEX)  # (b, a, B)
     block_positions = (anchor_pad[:, :, None] + offsets).reshape(b, a * block_size)  # (b, q)
     position_ids = torch.cat([torch.arange(n).expand(b, n), block_positions], dim=1)  # (b, n + q)
     return BlockBatch(
@@ -174,6 +194,7 @@ __all__ = [
     "anchor_generator",
     "block_attention_mask",
     "build_block_batch",
+    "consistent_prefix",
     "default_gamma",
     "labels_from_predictions",
     "loss_weights",

@@ -263,6 +263,11 @@ class FeatureSource:
         self.target, self.target_layer_ids = target, list(target_layer_ids)
         self.cache, self.with_predictions = cache, with_predictions
 
+    @property
+    def kind(self) -> str:
+        """ "cached" or "online"."""
+        return "online" if self.cache is None else "cached"
+
     def __call__(self, sequences: list[tuple[str, torch.LongTensor]], device: torch.device) -> TargetFeatures:
         """Features of `(id, (n_i,) token ids)` sequences."""
         lengths = [ids.shape[0] for _, ids in sequences]

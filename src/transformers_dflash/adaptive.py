@@ -1,0 +1,65 @@
+"""`verify_length="auto"`: verify only the prefix of the draft that maximises committed tokens per second.
+
+Verifying w tokens (the anchor and w - 1 drafts) commits, in expectation, 1 + sum_{k < w} prod_{i <= k} a_i tokens,
+where a_i is the chance that draft i is accepted; it is estimated by the drafter's own probability of its draft.
+One step costs t_draft + t_verify(w), measured once per engine, batch size and block size. Only the number of
+candidates changes, never the acceptance rule, so the output stays lossless.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def candidate_widths(block_size: int) -> list[int]:
+    """Verify widths worth measuring: powers of two from 2, and the whole block."""
+    return sorted({min(2**i, block_size) for i in range(1, block_size.bit_length() + 1)})
+
+
+def measure_step_costs(
+    draft: Callable[[], object],
+    verify: Callable[[int], object],
+    widths: list[int],
+    device: torch.device,
+    repeats: int = 5,
+) -> dict[int, float]:
+    """Seconds of one step per verify width: `draft()` plus `verify(width)`.
+
+    Each is timed `repeats` times, round-robin over the widths (so that a burst of load on a shared machine hits
+    them alike), after one warm-up (which also compiles); the best time counts. Verifying more tokens cannot
+    cost less, so the costs are made non-decreasing in the width.
+    """
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    runs = {"draft": draft, **{w: (lambda w=w: verify(w)) for w in widths}}
+    best = dict.fromkeys(runs, float("inf"))
+    for repeat in range(repeats + 1):
+        for name, run in runs.items():
+            sync()
+            start = time.perf_counter()
+            run()
+            sync()
+            if repeat:
+                best[name] = min(best[name], time.perf_counter() - start)
+    costs, floor = {}, 0.0
+    for w in widths:
+        floor = max(floor, best[w])
+        costs[w] = best["draft"] + floor
+    return costs
+
+
+def choose_width(confidence: torch.Tensor, done: torch.Tensor, costs: dict[int, float]) -> int:
+    """The measured width with the most expected committed tokens per second over the rows still decoding.
+
+    Args:
+        confidence: (b, B - 1) the drafter's probability of each of its drafts.
+        done: (b,) rows that no longer decode.
+        costs: seconds per step for each candidate width.
+    """
+    expected = 1 + torch.cumprod(confidence.float(), dim=1).cumsum(dim=1)  # (b, B - 1): verifying 1, 2, ... drafts
+    expected = expected.masked_fill(done[:, None], 0).sum(dim=0)  # (B - 1,)
+    widths = list(costs)
+    gains = expected[torch.tensor(widths, device=expected.device) - 2].cpu()  # the host sync
+    return widths[int((gains / torch.tensor(list(costs.values()))).argmax())]

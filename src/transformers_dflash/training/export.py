@@ -1,0 +1,103 @@
+"""Export a trained drafter: z-lab layout (config.json, model.safetensors, dflash.py) plus a model card.
+
+The drafter's config records the target it was trained for in `dflash_config["target"]` (name, shape and
+`hub.target_fingerprint`), which the pair check of `integration` uses to refuse another target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedModel
+
+from ..configuration_dflash import DFlashConfig
+from ..hub import target_fingerprint, write_model_card
+from ..modeling_dflash import DFlashDraftModel
+from .checkpoint import read_state
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def record_target(config: DFlashConfig, target: PreTrainedModel, name_or_path: str | None = None) -> dict[str, Any]:
+    """Stores the identity of `target` in `config.dflash_config["target"]` and returns it.
+
+    Keys: `name_or_path` (default: the target config's own), `num_hidden_layers`, `hidden_size`, `vocab_size`,
+    `fingerprint` (`hub.target_fingerprint`, what the pair check compares).
+    """
+    text = target.config.get_text_config()
+    identity = {
+        "name_or_path": name_or_path or getattr(target.config, "_name_or_path", None) or "",
+        "num_hidden_layers": text.num_hidden_layers,
+        "hidden_size": text.hidden_size,
+        "vocab_size": text.vocab_size,
+        "fingerprint": target_fingerprint(target),
+    }
+    config.dflash_config = {**(config.dflash_config or {}), "target": identity}
+    return identity
+
+
+def load_trained_drafter(checkpoint: str | Path) -> DFlashDraftModel:
+    """The drafter of a training checkpoint folder (its `config.json` and the weights `accelerate` saved)."""
+    checkpoint = Path(checkpoint)
+    weights = checkpoint / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"{weights} is missing: not a dflash-train checkpoint, or one saved sharded (FSDP); for FSDP, consolidate "
+            "it first with `accelerate merge-weights`."
+        )
+    drafter = DFlashDraftModel(DFlashConfig.from_pretrained(checkpoint))
+    drafter.load_state_dict(load_file(weights), strict=True)
+    return drafter.eval()
+
+
+def export_drafter(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    base_model: str,
+    dtype: torch.dtype = torch.bfloat16,
+    command: str | None = None,
+    data: str | None = None,
+    license: str = "apache-2.0",
+    datasets: list[str] | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Writes the drafter of `checkpoint` to `out_dir` in the z-lab layout (in `dtype`) with a model card.
+
+    The card's training facts (steps, epochs, wall time, last measured tau) come from the checkpoint's
+    `trainer_state.json` (with the command line and hardware the trainer recorded in `run_info`, unless
+    `command` is given); `data` describes the training data.
+    """
+    state = read_state(checkpoint)
+    run_info = dict(state.get("run_info") or {})
+    command = command or run_info.pop("command", None)
+    drafter = load_trained_drafter(checkpoint).to(dtype)
+    drafter.save_pretrained(out_dir)
+    evals = state.get("evals") or []
+    config = state.get("config", {})
+    training = {
+        "data": data or "not recorded",
+        "optimizer steps": str(state["step"]),
+        "epochs": str(config.get("epochs", "?")),
+        "sequences per step": str(config.get("batch_size", 1) * config.get("grad_accum", 1)),
+        "blocks per sequence": str(config.get("num_anchors", "?")),
+        "labels": {"tokens": "the response tokens", "target": "the target's argmax"}.get(config.get("labels"), "?"),
+        "wall time": f"{state.get('wall_seconds', 0.0) / 60:.1f} min",
+        "tau by step": ", ".join(f"{e['step']}: {e['tau']:.2f}" for e in evals) or "not measured",
+        **{str(k): str(v) for k, v in run_info.items() if k != "command"},
+    }
+    write_model_card(
+        out_dir,
+        base_model=base_model,
+        config=drafter.config,
+        repo_id=repo_id,
+        license=license,
+        tau=evals[-1]["tau"] if evals else None,
+        training=training,
+        command=command,
+        datasets=datasets,
+    )
+    return Path(out_dir)

@@ -7,6 +7,7 @@ Importing the package registers `DFlashConfig` / `DFlashDraftModel` with the Aut
 from transformers import AutoConfig, AutoModel
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
+from .engine import dflash_generate, fast_generate
 from .integration import check_pair, install_generate_hook
 from .modeling_dflash import DFlashDraftModel, extract_context_features, hidden_state_indices
 
@@ -19,6 +20,8 @@ __all__ = [
     "DFlashDraftModel",
     "check_pair",
     "default_target_layer_ids",
+    "dflash_generate",
+    "fast_generate",
     "extract_context_features",
     "hidden_state_indices",
 ]

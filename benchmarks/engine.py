@@ -33,12 +33,16 @@ class BernoulliDrafter(DFlashDraftModel):
 
     Whether position k of the block anchored at position a is right is fixed per (row, a, k) by a seeded table,
     so every method that reaches the same anchors sees the same proposals: same tau, a like-for-like comparison.
+    The engine drops finished rows from its batch, so a row is recognised by its anchor (position, token), the
+    token being read back from its embedding.
     Its logits put `confidence = rate` on the proposed token (a calibrated drafter), which the adaptive verify
     length reads; `calls` counts forward passes (= decoding steps on either path).
     """
 
-    def setup(self, lm_head: torch.Tensor, references: torch.Tensor, rate: float, seed: int = 0) -> None:
-        self.lm_head_rows, self.references, self.rate, self.calls = lm_head.detach(), references, rate, 0
+    def setup(self, target, references: torch.Tensor, rate: float, seed: int = 0) -> None:
+        self.lm_head_rows = target.get_output_embeddings().weight.detach()
+        self.embed_rows = target.get_input_embeddings().weight.detach()
+        self.references, self.rate, self.calls = references, rate, 0
         g = torch.Generator().manual_seed(seed)
         self.hits = torch.rand(references.shape[0], references.shape[1], BLOCK, generator=g) < rate  # (b, L, B)
         logit = math.log((VOCAB - 1) * rate / (1 - rate)) if rate < 1 else 12.0  # softmax(token) = rate
@@ -49,10 +53,12 @@ class BernoulliDrafter(DFlashDraftModel):
         if not torch.compiler.is_compiling():  # (a counter inside a compiled graph would force recompiles)
             self.calls += 1
         b, q, _ = noise_embeds.shape
-        anchor = position_ids[:, -q].expand(b)  # (b,)
+        anchor = position_ids[:, -q].expand(b).clamp(max=self.references.shape[1] - 1)  # (b,)
+        token = (noise_embeds[:, 0] @ self.embed_rows.T).argmax(-1)  # (b,) the anchor token
+        row = (self.references[:, anchor].T == token[:, None]).int().argmax(-1)  # (b,) its reference row
         at = (anchor[:, None] + torch.arange(q)).clamp(max=self.references.shape[1] - 1)  # (b, q)
-        good = self.references[:b].gather(1, at)
-        hit = self.hits[torch.arange(b), anchor.clamp(max=self.hits.shape[1] - 1), :q]  # (b, q)
+        good = self.references[row].gather(1, at)
+        hit = self.hits[row, anchor, :q]  # (b, q)
         tokens = torch.where(hit, good, (good + 1) % VOCAB)  # (b, q)
         rows = self.lm_head_rows[tokens]  # (b, q, H): lm_head(c * w / |w|^2) puts logit c on the token
         out.last_hidden_state = self.logit * rows / rows.pow(2).sum(-1, keepdim=True)
@@ -116,7 +122,7 @@ def compare_methods(target, drafter, rates: list[float], runs: int, new_tokens: 
         "|---" * 12 + "|",
     ]
     for rate in rates:
-        drafter.setup(target.get_output_embeddings().weight, refs, rate)
+        drafter.setup(target, refs, rate)
         methods = {
             "ar": lambda: target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens),
             "native": lambda: target.generate(
@@ -167,7 +173,6 @@ def batch_scaling(target, drafter, rate: float, runs: int, new_tokens: int) -> l
     """Aggregate tokens/s of batch 1 and batch 8 (ragged prompts), whole-block and adaptive verify, and AR.
 
     Every configuration runs once per round, so that load changes on a shared machine hit them alike."""
-    lm_head = target.get_output_embeddings().weight
     batches = {batch: prompts(batch, seed=1) for batch in (1, 8)}
     refs = {batch: references(target, ids, mask, new_tokens) for batch, (ids, mask) in batches.items()}
     configs = [(batch, verify) for batch in batches for verify in (None, "auto", "ar")]
@@ -175,7 +180,7 @@ def batch_scaling(target, drafter, rate: float, runs: int, new_tokens: int) -> l
     for run in range(runs + 1):  # run 0 warms up (and measures the adaptive costs)
         for batch, verify in configs:
             ids, mask = batches[batch]
-            drafter.setup(lm_head, refs[batch], rate)
+            drafter.setup(target, refs[batch], rate)
             if verify == "ar":
                 seconds, _ = timed(
                     lambda i=ids, m=mask: target.generate(
@@ -212,7 +217,7 @@ def verify_lengths(target, drafter, rates: list[float], runs: int, new_tokens: i
     names = ["1", "3", "7", "15 (block)", "auto"]
     lines = ["| rate | " + " | ".join(f"verify {n} tok/s" for n in names) + " | auto widths |", "|---" * 7 + "|"]
     for rate in rates:
-        drafter.setup(target.get_output_embeddings().weight, refs, rate)
+        drafter.setup(target, refs, rate)
         times = {i: [] for i in range(len(settings))}
         widths = []
         for run in range(runs + 1):

@@ -91,7 +91,8 @@ def write_model_card(
         save_directory: the drafter folder (beside `config.json`).
         base_model: Hub id of the target the drafter was trained for.
         config: the drafter's `DFlashConfig` (block size, layers, target layers, mask id are listed).
-        repo_id: the drafter's own Hub id, used in the snippets (default: `<your-name>/<folder name>`).
+        repo_id: the drafter's own Hub id, used in the title and snippets (default:
+            `<your-name>/<target name>-DFlash-b<block size>`).
         license: SPDX id for the metadata (the target's license normally applies).
         tau: measured acceptance length on held-out prompts, if known.
         training: name -> value rows of the training table (data, steps, wall time, hardware, ...).
@@ -100,8 +101,9 @@ def write_model_card(
     """
     out = Path(save_directory)
     out.mkdir(parents=True, exist_ok=True)
-    repo = repo_id or f"<your-name>/{out.resolve().name}"
     block = config.block_size
+    name = repo_id.split("/")[-1] if repo_id else f"{base_model.split('/')[-1]}-DFlash-b{block}"
+    repo = repo_id or f"<your-name>/{name}"
     meta = [
         "---",
         f"base_model: {base_model}",
@@ -123,7 +125,7 @@ def write_model_card(
     card = f"""{chr(10).join(meta)}
 ---
 
-# {out.resolve().name}
+# {name}
 
 A [DFlash](https://arxiv.org/abs/2602.06036) block-diffusion drafter for speculative decoding with
 **{base_model}**. It drafts {block - 1} tokens per forward pass, conditioned on the target's hidden states;

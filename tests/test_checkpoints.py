@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MASK, make_drafter, make_target
+from conftest import MASK, greedy_reference, make_drafter, make_target, random_prompt
 from safetensors.torch import save_file
+from transformers import AutoModel
 
 from transformers_dflash import DFlashDraftModel
 from transformers_dflash.hub import PACKAGE_DIR, remote_code_modules
@@ -115,7 +116,7 @@ def test_shipped_code_is_the_package_code_not_a_copy_kept_by_hand(tmp_path):
     make_drafter(make_target()).save_pretrained(tmp_path / "ours")
     for name in remote_code_modules():
         assert (tmp_path / "ours" / f"{name}.py").read_bytes() == (PACKAGE_DIR / f"{name}.py").read_bytes()
-    assert {"configuration_dflash", "modeling_dflash"} <= set(remote_code_modules())
+    assert set(remote_code_modules()) == {"configuration_dflash", "modeling_dflash"}
 
 
 def test_trust_remote_code_load_in_a_fresh_process(tmp_path):
@@ -140,6 +141,17 @@ print("REMOTE-OK")
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert "REMOTE-OK" in result.stdout, result.stderr[-2000:]
+
+
+def test_remote_code_instance_drafts_losslessly_through_generate(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    target = make_target()
+    make_drafter(target).save_pretrained(tmp_path / "ours")
+    remote = AutoModel.from_pretrained(tmp_path / "ours", trust_remote_code=True).eval()
+    assert not isinstance(remote, DFlashDraftModel)
+    ids = random_prompt(3, 6)
+    out = target.generate(ids, assistant_model=remote, max_new_tokens=12, do_sample=False)
+    torch.testing.assert_close(out, greedy_reference(target, ids, 12))
 
 
 def test_pickle_weights_are_refused_unless_allowed(tmp_path):

@@ -191,6 +191,16 @@ def test_wrong_trained_target_is_refused():
         other.generate(ids, assistant_model=drafter, max_new_tokens=4)
 
 
+def test_trained_target_check_survives_a_dtype_change():
+    target = make_target(seed=0)
+    drafter = make_drafter(target)
+    drafter.config.dflash_config["target"] = {"name_or_path": "tiny-0", "fingerprint": target_fingerprint(target)}
+    target, drafter = target.to(torch.bfloat16), drafter.to(torch.bfloat16)
+    ids = random_prompt(0, 4)
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
 def test_batch_on_the_native_path_points_to_the_engine():
     target = make_target()
     with pytest.raises(ValueError, match="dflash_generate"):

@@ -7,7 +7,6 @@ time: the model code has one source of truth and the shipped files are never a h
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -55,16 +54,27 @@ def write_remote_code(save_directory: str | Path) -> Path:
     return entry
 
 
-def target_fingerprint(target: PreTrainedModel) -> str:
-    """A short, stable id of a target's token embedding (shape and a few sums), recorded in a drafter's config.
+FINGERPRINT_RTOL = 0.02
 
-    It tells a drafter's own target from another model with the same shapes, without hashing every weight.
+
+def target_fingerprint(target: PreTrainedModel) -> list[float]:
+    """A short id of a target's token embedding, recorded in a drafter's config: the norms of 32 spread-out rows.
+
+    It tells a drafter's own target from another model with the same shapes, without hashing every weight, and it
+    survives a change of dtype (fp32, bf16, fp16) or a light quantization of the same weights: compare two with
+    `fingerprints_match`, not with `==`.
     """
-    weight = target.get_input_embeddings().weight.detach().float()
-    rows = torch.linspace(0, weight.shape[0] - 1, steps=min(64, weight.shape[0])).long()
-    probe = torch.cat([weight[rows].sum(dim=1), weight.sum(dim=0)[:16]]).cpu()
-    digest = hashlib.sha256(f"{tuple(weight.shape)}".encode() + probe.round(decimals=3).numpy().tobytes())
-    return digest.hexdigest()[:16]
+    weight = target.get_input_embeddings().weight.detach()  # (vocab, hidden)
+    rows = torch.linspace(0, weight.shape[0] - 1, steps=min(32, weight.shape[0])).long()
+    norms = weight[rows].float().norm(dim=1).cpu()  # (32,)
+    return [float(f"{value:.4g}") for value in norms.tolist()]
+
+
+def fingerprints_match(recorded: list[float], actual: list[float], rtol: float = FINGERPRINT_RTOL) -> bool:
+    """Whether two `target_fingerprint`s name the same embedding (every norm within `rtol`)."""
+    if len(recorded) != len(actual):
+        return False
+    return all(abs(r - a) <= rtol * max(abs(r), abs(a), 1e-6) for r, a in zip(recorded, actual, strict=True))
 
 
 def _table(rows: dict[str, str]) -> str:

@@ -101,14 +101,26 @@ def is_zlab_drafter(model: Any) -> bool:
     return "target_hidden" in params and "noise_embedding" in params
 
 
+def is_remote_copy_of_ours(model: Any) -> bool:
+    """True for our `DFlashDraftModel` loaded from a saved folder with `trust_remote_code=True` (another class)."""
+    if isinstance(model, DFlashDraftModel) or not isinstance(model, nn.Module):
+        return False
+    params = inspect.signature(model.forward).parameters
+    return type(model).__name__ == DFlashDraftModel.__name__ and "context_hidden_states" in params
+
+
 def is_dflash_drafter(model: Any) -> bool:
-    """True for our drafter, an adapted one, or a z-lab remote-code instance."""
-    return isinstance(model, DFlashDraftModel | ZLabDrafterAdapter) or is_zlab_drafter(model)
+    """True for our drafter (also as remote code), an adapted one, or a z-lab remote-code instance."""
+    return (
+        isinstance(model, DFlashDraftModel | ZLabDrafterAdapter)
+        or is_remote_copy_of_ours(model)
+        or is_zlab_drafter(model)
+    )
 
 
 def as_native_drafter(model: nn.Module) -> DFlashDraftModel | ZLabDrafterAdapter:
-    """Our drafter as is; a z-lab instance wrapped once (the adapter is cached on the instance)."""
-    if isinstance(model, DFlashDraftModel | ZLabDrafterAdapter):
+    """Our drafter as is (also as remote code); a z-lab instance wrapped once (the adapter is cached on it)."""
+    if isinstance(model, DFlashDraftModel | ZLabDrafterAdapter) or is_remote_copy_of_ours(model):
         return model
     if not is_zlab_drafter(model):
         raise TypeError(f"{type(model).__name__} is not a DFlash drafter.")
@@ -180,14 +192,15 @@ def _check_trained_target(config: DFlashConfig, target: PreTrainedModel) -> None
     recorded = (config.dflash_config or {}).get("target")
     if not recorded:
         return
-    from .hub import target_fingerprint
+    from .hub import fingerprints_match, target_fingerprint
 
     expected, actual = recorded.get("fingerprint"), target_fingerprint(target)
-    if expected is not None and expected != actual:
+    if isinstance(expected, list) and not fingerprints_match(expected, actual):
         raise ValueError(
-            f"This drafter was trained for {recorded.get('name_or_path', 'another target')!r} "
-            f"(embedding fingerprint {expected}); this target's is {actual}. Load the target it was trained for, "
-            "or train a drafter for this target with `dflash-train`."
+            f"This drafter was trained for {recorded.get('name_or_path', 'another target')!r}, and this target's "
+            "token embedding differs from that one's (the `fingerprint` row norms in `dflash_config.target` of "
+            "the drafter's config.json). Load the target it was trained for, or train a drafter for this target "
+            "with `dflash-train`."
         )
 
 

@@ -12,6 +12,7 @@ Parameter names are those of the published z-lab checkpoints (`layers.{i}.self_a
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -181,6 +182,20 @@ class DFlashDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+def _package_attribute(module: str, name: str) -> Any:
+    """`transformers_dflash.<module>.<name>`, imported on use.
+
+    A remote-code folder ships only this file and its configuration (imports inside functions would make
+    Transformers demand every module they name), so the engine and the exporter come from the installed package.
+    """
+    try:
+        return getattr(importlib.import_module(f"transformers_dflash.{module}"), name)
+    except ImportError as error:
+        raise ImportError(
+            f"{name} needs the transformers-dflash package: `pip install transformers-dflash`."
+        ) from error
+
+
 class DFlashPreTrainedModel(PreTrainedModel):
     """Weights initialisation and capability flags shared by DFlash drafters."""
 
@@ -308,8 +323,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         Returns the prompt followed by the new tokens, cut after the first stop token; with `return_stats=True`
         also the engine's statistics (acceptance lengths per step, tau, timings).
         """
-        from .engine import dflash_generate
-
+        dflash_generate = _package_attribute("engine", "dflash_generate")
         if mask_token_id is not None and mask_token_id != self.config.mask_token_id:
             raise ValueError(
                 f"mask_token_id={mask_token_id} differs from the one this drafter was trained with "
@@ -336,7 +350,5 @@ class DFlashDraftModel(DFlashPreTrainedModel):
 
     def save_pretrained(self, save_directory: str, *args: Any, **kwargs: Any) -> None:
         """Writes the z-lab layout (config.json, model.safetensors) and the `dflash.py` remote-code entry point."""
-        from .hub import write_remote_code
-
         super().save_pretrained(save_directory, *args, **kwargs)
-        write_remote_code(save_directory)
+        _package_attribute("hub", "write_remote_code")(save_directory)

@@ -93,19 +93,22 @@ class ZLabDrafterAdapter(nn.Module):
         return BaseModelOutputWithPast(last_hidden_state=hidden, **{_OUTPUT_CACHE_FIELD: cache})
 
 
+def _foreign_forward_params(model: Any) -> set[str]:
+    """Argument names of `model.forward` for a module that is not our class (empty for ours or a non-module)."""
+    if isinstance(model, DFlashDraftModel) or not isinstance(model, nn.Module):
+        return set()
+    return set(inspect.signature(model.forward).parameters)
+
+
 def is_zlab_drafter(model: Any) -> bool:
     """True for an instance of z-lab's remote-code drafter class (loaded with `trust_remote_code=True`)."""
-    if isinstance(model, DFlashDraftModel) or not isinstance(model, nn.Module):
-        return False
-    params = inspect.signature(model.forward).parameters
+    params = _foreign_forward_params(model)
     return "target_hidden" in params and "noise_embedding" in params
 
 
 def is_remote_copy_of_ours(model: Any) -> bool:
     """True for our `DFlashDraftModel` loaded from a saved folder with `trust_remote_code=True` (another class)."""
-    if isinstance(model, DFlashDraftModel) or not isinstance(model, nn.Module):
-        return False
-    params = inspect.signature(model.forward).parameters
+    params = _foreign_forward_params(model)
     return type(model).__name__ == DFlashDraftModel.__name__ and "context_hidden_states" in params
 
 

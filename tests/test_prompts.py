@@ -56,6 +56,14 @@ def test_gsm8k_format_and_seeded_subset(tmp_path):
     assert len(a) == 10 and [p.id for p in a] == sorted((p.id for p in a), key=lambda i: int(i.split("-")[1]))
 
 
+def test_excluded_prompts_are_left_out_before_the_subset_is_drawn(tmp_path):
+    path = _write_jsonl(tmp_path / "g.jsonl", [{"question": f"Q{i}?", "answer": f"#### {i}"} for i in range(30)])
+    seen = P.load_prompts("gsm8k", path=str(path))[:20]
+    trained = P.load_prompts(f"jsonl:{P.write_prompts(seen, tmp_path / 'prompts.train.jsonl')}")
+    held_out = P.load_prompts("gsm8k", max_samples=5, seed=0, path=str(path), exclude=trained)
+    assert len(held_out) == 5 and {p.id for p in held_out} <= {f"gsm8k-{i}" for i in range(20, 30)}
+
+
 def test_gsm8k_needs_a_path(monkeypatch):
     monkeypatch.delenv("DFLASH_GSM8K", raising=False)
     with pytest.raises(ValueError, match="DFLASH_GSM8K"):

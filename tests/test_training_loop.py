@@ -108,7 +108,10 @@ def test_export_records_the_target_and_writes_a_card(tmp_path) -> None:
     trainer = DFlashTrainer(target, drafter, sequences, config, run_info={"command": "dflash-train train --x"})
     trainer.train()
     out = export_drafter(
-        tmp_path / "run" / "checkpoints" / "step-00000002", tmp_path / "export", base_model="tiny/llama"
+        tmp_path / "run" / "checkpoints" / "step-00000002",
+        tmp_path / "export",
+        base_model="tiny/llama",
+        card_notes="## Evaluation\n\n| dataset | tau |\n|---|---|\n| gsm8k | 1.50 |\n",
     )
     assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "dflash.py", "README.md"}
     saved = json.loads((out / "config.json").read_text())
@@ -116,7 +119,7 @@ def test_export_records_the_target_and_writes_a_card(tmp_path) -> None:
     card = (out / "README.md").read_text()
     for needle in ("base_model: tiny/llama", "library_name: transformers", "pipeline_tag: text-generation",
                    "- dflash", "- speculative-decoding", "- block-diffusion", "license:", "assistant_model=drafter",
-                   "vllm serve", "sglang.launch_server", "dflash-train train --x", "wall time"):  # fmt: skip
+                   "vllm serve", "sglang.launch_server", "dflash-train train --x", "wall time", "## Evaluation\n\n| dataset | tau |"):  # fmt: skip
         assert needle in card, needle
     loaded = DFlashDraftModel.from_pretrained(out)
     assert next(loaded.parameters()).dtype == torch.bfloat16

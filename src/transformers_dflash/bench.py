@@ -311,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dataset", default=None, help="comma list of gsm8k, humaneval, mt-bench, sharegpt, jsonl:PATH "
         f"(default: {','.join(DEFAULT_DATASETS)}, gsm8k only when a GSM8K file is found)")  # fmt: skip
     add("--gsm8k-path", help=f"GSM8K JSONL (default: $DFLASH_GSM8K, else {CHECKOUT_GSM8K} if present)")
+    add("--exclude-prompts", help="comma list of JSONL prompt files (e.g. a drafter's prompts.train.jsonl) whose "
+        "prompts are left out before sampling, so a benchmark on a training source stays held out")  # fmt: skip
     add("--max-samples", type=int, default=4, help="prompts per dataset, a seeded random subset (default 4)")
     add("--max-new-tokens", type=int, default=128, help="new tokens per prompt turn (default 128)")
     add("--block-sizes", default=None, help="comma list of block sizes for dflash/dflash-native (default: drafter's)")
@@ -347,10 +349,13 @@ def _setup(args: argparse.Namespace) -> dict:
         datasets = [d for d in DEFAULT_DATASETS if d != "gsm8k" or gsm8k]
         if not gsm8k:
             print("dflash-bench: no GSM8K file found (--gsm8k-path, $DFLASH_GSM8K): skipping gsm8k.", file=sys.stderr)
+    exclude = [p for file in _csv(args.exclude_prompts or "") for p in load_prompts(f"jsonl:{file}")]
     prompts = [
         p
         for name in datasets
-        for p in load_prompts(name, args.max_samples, args.seed, path=gsm8k if name == "gsm8k" else None)
+        for p in load_prompts(
+            name, args.max_samples, args.seed, path=gsm8k if name == "gsm8k" else None, exclude=exclude
+        )
     ]
     target, tokenizer = load_target(args.target, dtype, device)
     drafter = load_drafter(folder, dtype, device) if folder is not None else None

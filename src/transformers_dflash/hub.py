@@ -94,6 +94,7 @@ def write_model_card(
     training: dict[str, str] | None = None,
     command: str | None = None,
     datasets: list[str] | None = None,
+    notes: str | None = None,
 ) -> Path:
     """Writes a Hub model card (`README.md`) for a drafter folder: YAML metadata, usage, training facts.
 
@@ -108,6 +109,7 @@ def write_model_card(
         training: name -> value rows of the training table (data, steps, wall time, hardware, ...).
         command: the command line that trained it (shown as a code block).
         datasets: Hub dataset ids for the metadata.
+        notes: markdown appended at the end (e.g. measured benchmark tables, facts about the target's weights).
     """
     out = Path(save_directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,6 +188,7 @@ python -m sglang.launch_server --model-path {base_model} \\
         card += "\n## Training\n\nTrained with `dflash-train` from transformers-dflash.\n"
         card += f"\n```bash\n{command}\n```\n" if command else ""
         card += f"\n| | |\n|---|---|\n{_table(training)}\n" if training else ""
+    card += f"\n{notes.strip()}\n" if notes else ""
     path = out / "README.md"
     path.write_text(card)
     return path

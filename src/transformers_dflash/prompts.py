@@ -18,7 +18,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -251,7 +251,13 @@ PROMPT_SETS: dict[str, Callable[[str | None], list[Prompt]]] = {
 }
 
 
-def load_prompts(name: str, max_samples: int | None = None, seed: int = 0, path: str | None = None) -> list[Prompt]:
+def load_prompts(
+    name: str,
+    max_samples: int | None = None,
+    seed: int = 0,
+    path: str | None = None,
+    exclude: Collection[Prompt] = (),
+) -> list[Prompt]:
     """Load a prompt set by name.
 
     Args:
@@ -259,6 +265,8 @@ def load_prompts(name: str, max_samples: int | None = None, seed: int = 0, path:
         max_samples: if set and smaller than the set, a random subset of this size (kept in source order).
         seed: seed of that subset.
         path: data file overriding the packaged one (required for ``gsm8k`` unless ``$DFLASH_GSM8K`` is set).
+        exclude: prompts to leave out, matched by their first turn (e.g. a drafter's training prompts, so that a
+            benchmark on the same source stays held out); applied before the subset is drawn.
 
     Raises:
         ValueError: unknown name (the message lists the valid ones).
@@ -270,6 +278,9 @@ def load_prompts(name: str, max_samples: int | None = None, seed: int = 0, path:
         prompts = PROMPT_SETS[name](path)
     else:
         raise ValueError(f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH.")
+    if exclude:
+        seen = {p.turns[0] for p in exclude}
+        prompts = [p for p in prompts if p.turns[0] not in seen]
     if max_samples is not None and max_samples < len(prompts):
         keep = sorted(random.Random(seed).sample(range(len(prompts)), max_samples))
         prompts = [prompts[i] for i in keep]

@@ -209,6 +209,7 @@ def _export_flags() -> argparse.ArgumentParser:
     g.add_argument("--export-dtype", default="bfloat16", help="saved weight dtype (default: %(default)s)")
     g.add_argument("--license", default="apache-2.0", help="license in the card metadata (default: %(default)s)")
     g.add_argument("--repo-id", help="the drafter's Hub id, for the card's title and snippets")
+    g.add_argument("--card-notes", help="markdown file appended to the model card (e.g. measured benchmark tables)")
     return p
 
 

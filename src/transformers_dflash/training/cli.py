@@ -222,6 +222,7 @@ def stage_export(args: argparse.Namespace) -> Path:
         data=described,
         license=args.license,
         repo_id=args.repo_id,
+        card_notes=Path(args.card_notes).read_text() if args.card_notes else None,
     )
     print(f"dflash-train: exported {found.name} to {out}")
     return out

@@ -64,12 +64,13 @@ def export_drafter(
     license: str = "apache-2.0",
     datasets: list[str] | None = None,
     repo_id: str | None = None,
+    card_notes: str | None = None,
 ) -> Path:
     """Writes the drafter of `checkpoint` to `out_dir` in the z-lab layout (in `dtype`) with a model card.
 
     The card's training facts (steps, epochs, wall time, last measured tau) come from the checkpoint's
     `trainer_state.json` (with the command line and hardware the trainer recorded in `run_info`, unless
-    `command` is given); `data` describes the training data.
+    `command` is given); `data` describes the training data; `card_notes` (markdown) ends the card.
     """
     state = read_state(checkpoint)
     run_info = dict(state.get("run_info") or {})
@@ -99,5 +100,6 @@ def export_drafter(
         training=training,
         command=command,
         datasets=datasets,
+        notes=card_notes,
     )
     return Path(out_dir)

@@ -13,6 +13,7 @@ from transformers_dflash import DFlashDraftModel
 from transformers_dflash.integration import check_pair
 from transformers_dflash.training.evaluate import measure_tau
 from transformers_dflash.training.export import export_drafter, record_target
+from transformers_dflash.training.plots import plot_training_log
 from transformers_dflash.training.sequences import TrainingSequence, sequences_from_responses
 from transformers_dflash.training.trainer import LOG_FILE, DFlashTrainer, TrainConfig
 
@@ -113,13 +114,15 @@ def test_export_records_the_target_and_writes_a_card(tmp_path) -> None:
         base_model="tiny/llama",
         card_notes="## Evaluation\n\n| dataset | tau |\n|---|---|\n| gsm8k | 1.50 |\n",
     )
-    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "dflash.py", "README.md"}
+    files = {"config.json", "model.safetensors", "dflash.py", "README.md", "training.png"}
+    assert {p.name for p in out.iterdir()} >= files
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "config.json").read_text())
     assert saved["dflash_config"]["target"] == identity and saved["model_type"] == "qwen3"
     card = (out / "README.md").read_text()
     for needle in ("base_model: tiny/llama", "library_name: transformers", "pipeline_tag: text-generation",
                    "- dflash", "- speculative-decoding", "- block-diffusion", "license:", "assistant_model=drafter",
-                   "vllm serve", "sglang.launch_server", "dflash-train train --x", "wall time", "## Evaluation\n\n| dataset | tau |"):  # fmt: skip
+                   "vllm serve", "sglang.launch_server", "dflash-train train --x", "wall time", "](training.png)", "## Evaluation\n\n| dataset | tau |"):  # fmt: skip
         assert needle in card, needle
     loaded = DFlashDraftModel.from_pretrained(out)
     assert next(loaded.parameters()).dtype == torch.bfloat16
@@ -127,3 +130,10 @@ def test_export_records_the_target_and_writes_a_card(tmp_path) -> None:
     check_pair(target, loaded)
     with pytest.raises(ValueError, match="trained for"):
         check_pair(make_target("llama", seed=9), loaded)
+
+
+def test_training_curves_need_training_records(tmp_path) -> None:
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(json.dumps({"event": "start", "total_steps": 4}) + "\n")
+    with pytest.raises(ValueError, match="no training records"):
+        plot_training_log(log, tmp_path / "training.png")

@@ -11,7 +11,8 @@ from .bench_methods import BASELINE
 from .bench_report import BenchResult, SummaryRow
 
 
-def _figure(width: float, height: float) -> object:
+def new_figure(width: float, height: float) -> object:
+    """A headless matplotlib `Figure` (constrained layout, 120 dpi); a clear ImportError without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError as error:
@@ -24,7 +25,7 @@ def plot_speedup(rows: list[SummaryRow], path: Path) -> Path:
     datasets = list(dict.fromkeys(r.dataset for r in rows))
     methods = list(dict.fromkeys(r.method for r in rows if r.method != BASELINE and r.speedup is not None))
     value = {(r.dataset, r.method): r.speedup for r in rows}
-    fig = _figure(max(5.0, 1.2 * len(datasets) * max(1, len(methods)) ** 0.5 + 2), 3.6)
+    fig = new_figure(max(5.0, 1.2 * len(datasets) * max(1, len(methods)) ** 0.5 + 2), 3.6)
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(methods))
     for j, method in enumerate(methods):
@@ -45,7 +46,7 @@ def plot_acceptance(rows: list[SummaryRow], path: Path) -> Path:
     """One panel per dataset: share of verify steps committing n tokens, per speculative variant (tau in legend)."""
     with_hist = [r for r in rows if r.histogram]
     datasets = list(dict.fromkeys(r.dataset for r in with_hist)) or ["(no speculative method)"]
-    fig = _figure(6.0, 2.6 * len(datasets))
+    fig = new_figure(6.0, 2.6 * len(datasets))
     axes = fig.subplots(len(datasets), 1, squeeze=False)[:, 0]
     for ax, dataset in zip(axes, datasets, strict=True):
         panel = [r for r in with_hist if r.dataset == dataset]

@@ -6,6 +6,7 @@ The drafter's config records the target it was trained for in `dflash_config["ta
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,11 @@ from ..configuration_dflash import DFlashConfig
 from ..hub import target_fingerprint, write_model_card
 from ..modeling_dflash import DFlashDraftModel
 from .checkpoint import read_state
+from .plots import plot_training_log
+from .trainer import LOG_FILE
 
 WEIGHTS_FILE = "model.safetensors"
+CURVES_FILE = "training.png"
 
 
 def record_target(config: DFlashConfig, target: PreTrainedModel, name_or_path: str | None = None) -> dict[str, Any]:
@@ -70,7 +74,9 @@ def export_drafter(
 
     The card's training facts (steps, epochs, wall time, last measured tau) come from the checkpoint's
     `trainer_state.json` (with the command line and hardware the trainer recorded in `run_info`, unless
-    `command` is given); `data` describes the training data; `card_notes` (markdown) ends the card.
+    `command` is given); `data` describes the training data; `card_notes` (markdown) ends the card. The run's
+    training curves (`plots.plot_training_log` of its `train_log.jsonl`) go beside the weights as `training.png`
+    and into the card, where matplotlib is installed.
     """
     state = read_state(checkpoint)
     run_info = dict(state.get("run_info") or {})
@@ -90,6 +96,11 @@ def export_drafter(
         "tau by step": ", ".join(f"{e['step']}: {e['tau']:.2f}" for e in evals) or "not measured",
         **{str(k): str(v) for k, v in run_info.items() if k != "command"},
     }
+    log = Path(checkpoint).parent.parent / LOG_FILE  # <output_dir>/checkpoints/step-N -> <output_dir>/train_log.jsonl
+    if log.is_file() and importlib.util.find_spec("matplotlib") is not None:
+        plot_training_log(log, Path(out_dir) / CURVES_FILE)
+        curves = f"![Training curves: loss, accuracy by block position, held-out tau]({CURVES_FILE})"
+        card_notes = f"{curves}\n\n{card_notes or ''}"
     write_model_card(
         out_dir,
         base_model=base_model,

@@ -161,8 +161,9 @@ from transformers_dflash import DFlashDraftModel
 target = AutoModelForCausalLM.from_pretrained("{base_model}", dtype="auto")
 drafter = DFlashDraftModel.from_pretrained("{repo}", dtype=target.dtype)
 tok = AutoTokenizer.from_pretrained("{base_model}")
-inputs = tok.apply_chat_template([{{"role": "user", "content": "Hi!"}}], add_generation_prompt=True,
-                                 return_tensors="pt", return_dict=True)
+inputs = tok.apply_chat_template(
+    [{{"role": "user", "content": "Hi!"}}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+)
 out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
 ```
 

@@ -52,7 +52,9 @@ def build(pairs: dict[str, demo.PairSpec] | None = None) -> gr.Blocks:
             with gr.Column(scale=2):
                 pair = gr.Dropdown(list(pairs), value=first, label="Model pair (target + drafter)", elem_id="pair")
                 note = gr.Markdown(demo.pair_note(pairs, first), elem_id="pair-note")
-                max_new = gr.Slider(1, limits.max_new_tokens, value=128, step=1, label="Max new tokens")
+                max_new = gr.Slider(
+                    1, limits.max_new_tokens, value=128, step=1, label="Max new tokens", elem_id="max-new"
+                )
                 size = demo.drafter_block_size(pairs[first])
                 block = gr.Slider(2, size, value=size, step=1, label="Block size (tokens per draft)")
                 temperature = gr.Slider(

@@ -278,3 +278,12 @@ def test_cli_errors_are_clear(saved_models, extra, message, capsys, tmp_path, mo
     assert bench.main(args) == 2
     err = capsys.readouterr().err
     assert "dflash-bench: error:" in err and message in err.split("dflash-bench: error:")[1]
+
+
+def test_verify_length_option_parses_every_documented_value(capsys):
+    parse = bench.build_parser().parse_args
+    assert [parse(["--verify-length", v]).verify_length for v in ("all", "auto", "3")] == [None, "auto", 3]
+    assert parse([]).verify_length is None
+    with pytest.raises(SystemExit):
+        parse(["--verify-length", "every"])
+    assert "expected 'all', 'auto' or a positive int" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from transformers_dflash.adaptive import candidate_widths, choose_width, measure_step_costs
+from transformers_dflash.adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
 from transformers_dflash.static_cache import SlotCache
 from transformers_dflash.token_rule import TokenRule
 
@@ -44,6 +44,22 @@ def test_measured_costs_grow_with_the_width():
     costs = measure_step_costs(lambda: time.sleep(0.002), lambda w: time.sleep(seconds[w]), [2, 4, 8], "cpu", 2)
     assert list(costs) == [2, 4, 8] and costs[2] == costs[4] < costs[8]  # never cheaper for more tokens
     assert 0.006 <= costs[2] < 0.02 and costs[8] >= 0.01  # draft + verify
+
+
+def test_real_step_times_correct_the_measured_costs():
+    costs = StepCosts({2: 1.0, 4: 1.1, 8: 1.2, 16: 1.3}, smoothing=0.5)
+    assert costs.costs() == {2: 1.0, 4: 1.1, 8: 1.2, 16: 1.3}  # nothing observed yet: as measured
+    confident, running = torch.full((1, 15), 0.9), torch.zeros(1, dtype=torch.bool)
+    assert choose_width(confident, running, costs.costs()) == 16
+    for _ in range(8):  # in the real loop the whole block costs 4x its isolated measurement, 8 tokens as measured
+        costs.observe(16, 5.2)
+        costs.observe(8, 1.2)
+    corrected = costs.costs()
+    assert corrected[16] == pytest.approx(5.2, rel=0.01) and corrected[8] == pytest.approx(1.2, rel=0.01)
+    assert corrected[4] == pytest.approx(1.1, rel=0.01)  # an unused width takes its nearest used width's factor
+    assert choose_width(confident, running, corrected) == 8  # the whole block is no longer worth it
+    costs.observe(4, 2.2)  # 4 tokens turn out dearer than 8: the costs stay non-decreasing in the width
+    assert list(costs.costs().values()) == sorted(costs.costs().values())
 
 
 def test_token_rule_reads_the_warpers_generate_built():

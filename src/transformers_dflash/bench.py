@@ -289,6 +289,15 @@ def _gsm8k_path(given: str | None) -> str | None:
     return found or (str(CHECKOUT_GSM8K) if CHECKOUT_GSM8K.is_file() else None)
 
 
+def _verify_length(text: str) -> int | str | None:
+    """`--verify-length`: 'all' (None), 'auto', or a positive int."""
+    if text in ("all", "auto"):
+        return None if text == "all" else text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 'all', 'auto' or a positive int, got {text!r}")
+
+
 def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
@@ -323,7 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="prompt subset seed and torch seed base (default 0)")
     add("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
     add(
-        "--verify-length", default=None, help="dflash engine: drafts verified per step, an int or 'auto' (default all)"
+        "--verify-length",
+        type=_verify_length,
+        default=None,
+        help="dflash engine: drafts verified per step: 'all' (default), an int, or 'auto'",
     )
     add("--threads", type=int, default=None, help="torch threads (default: torch's default, printed)")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -363,14 +375,13 @@ def _setup(args: argparse.Namespace) -> dict:
         check_pair(target, drafter)
     names = dict.fromkeys(v.argument for v in variants if v.method.argument)
     assistants = {name: load_assistant(name, tokenizer, dtype, device) for name in names}
-    verify = args.verify_length
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         prompt_lookup_tokens=args.prompt_lookup_tokens,
-        verify_length=int(verify) if verify is not None and verify.isdigit() else verify,
+        verify_length=args.verify_length,
     )
     return dict(target=target, tokenizer=tokenizer, prompts=prompts, drafter=drafter, methods=methods,
                 block_sizes=block_sizes, settings=settings, assistants=assistants)  # fmt: skip

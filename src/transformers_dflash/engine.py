@@ -29,7 +29,7 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from .adaptive import candidate_widths, choose_width, measure_step_costs
+from .adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
 from .custom_generate import cut_at_criteria, fast_generate
 from .integration import as_native_drafter, check_pair
 from .modeling_dflash import extract_context_features, hidden_state_indices
@@ -91,7 +91,7 @@ class DFlashEngine:
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self.target_cache: SlotCache | None = None
         self.draft_cache: SlotCache | None = None
-        self.step_costs: dict[tuple[int, int], dict[int, float]] = {}
+        self.step_costs: dict[tuple[int, int], StepCosts] = {}
         self._target_cache_kwarg, self._draft_cache_kwarg = _cache_kwarg(target), _cache_kwarg(self.drafter)
         self.compiled = compile
         self._draft_step, self._verify_step = self._draft, self._target_forward
@@ -212,6 +212,7 @@ class DFlashEngine:
         arange = torch.arange(block_size, device=device)
         compact = not self.compiled and rule.processors is None  # else the batch keeps its shape (fixed graphs,
         # or processors that hold per-row state such as each row's padding)
+        step_start = time.perf_counter()  # a step runs from one host sync to the next
 
         while True:
             if stopping_criteria:
@@ -241,7 +242,7 @@ class DFlashEngine:
                 )  # (b, B - 1, V)
                 drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
             if verify_length == "auto":  # a second host sync: the width is a shape
-                width = choose_width(rule.confidence(draft_logits, drafts), rows.done, costs)
+                width = choose_width(rule.confidence(draft_logits, drafts), rows.done, costs.costs())
             else:
                 width = block_size if verify_length is None else verify_length + 1
             with watch.lap("verify"):
@@ -262,6 +263,9 @@ class DFlashEngine:
             rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
             stats.verify_widths.append(width)
             host = torch.cat([rows.done[:, None].long(), n_new[:, None], committed], dim=1).tolist()  # the sync
+            if costs is not None and len(host) == b:  # real step times correct the costs (of the full batch)
+                costs.observe(width, time.perf_counter() - step_start)
+            step_start = time.perf_counter()
 
         outputs.update({origin[r]: rows.tokens[r, : generated[r]] for r in range(len(host))})
         new_tokens = [outputs[r] for r in range(b)]
@@ -302,21 +306,24 @@ class DFlashEngine:
         rows.anchor, rows.anchor_pos = next_token, rows.anchor_pos + n_new
         return committed, n_new
 
-    def _step_costs(self, rows: _Rows, block_size: int) -> dict[int, float]:
-        """Seconds per step for each candidate verify width, measured once per batch and block size.
+    def _step_costs(self, rows: _Rows, block_size: int) -> StepCosts:
+        """Seconds per step for each candidate verify width: measured once per batch and block size, then kept
+        across calls and corrected by the real steps.
 
-        It writes only slots at and after each row's anchor, which the real steps overwrite before reading."""
+        The measurement writes only slots at and after each row's anchor, which the real steps overwrite before
+        reading."""
         b, device = rows.anchor.shape[0], rows.anchor.device
         if (b, block_size) not in self.step_costs:
             positions = rows.anchor_pos[:, None] + torch.arange(block_size, device=device)  # (b, B)
             context = rows.context.new_zeros(b, block_size, rows.context.shape[-1])
             sunk = torch.full_like(positions, self.draft_cache.sink)
-            self.step_costs[b, block_size] = measure_step_costs(
+            measured = measure_step_costs(
                 lambda: self._draft_step(rows.anchor, rows.anchor_pos, context, positions, sunk, block_size),
                 lambda w: self._verify_step(rows.anchor[:, None].expand(b, w), positions[:, :w], positions[:, :w]),
                 candidate_widths(block_size),
                 device,
             )
+            self.step_costs[b, block_size] = StepCosts(measured)
         return self.step_costs[b, block_size]
 
     def _allocate(self, batch: int, capacity: int) -> None:
@@ -337,12 +344,14 @@ class DFlashEngine:
         return sum(c.nbytes for c in (self.target_cache, self.draft_cache) if c is not None)
 
 
-def engine_for(target: PreTrainedModel, drafter: nn.Module, compile: bool = False) -> DFlashEngine:
-    """The engine of this pair, kept on the drafter so that its caches are reused by the next call."""
-    engine = drafter.__dict__.get(_ENGINE_ATTR)
-    if engine is None or engine.target is not target or engine.compiled != compile:
-        engine = DFlashEngine(target, drafter, compile=compile)
-        drafter.__dict__[_ENGINE_ATTR] = engine
+def engine_for(target: PreTrainedModel, drafter: nn.Module, compile: bool | dict[str, Any] = False) -> DFlashEngine:
+    """The engine of this pair, kept on the drafter (one per `compile` setting) so that its caches, measured step
+    costs and compiled steps serve the next call; calls that alternate eager and compiled do not rebuild it."""
+    engines = drafter.__dict__.setdefault(_ENGINE_ATTR, {})
+    key = repr(compile)
+    engine = engines.get(key)
+    if engine is None or engine.target is not target:
+        engine = engines[key] = DFlashEngine(target, drafter, compile=compile)
     return engine
 
 
@@ -360,7 +369,7 @@ def dflash_generate(
     block_size: int | None = None,
     return_stats: bool = True,
     verify_length: int | str | None = None,
-    compile: bool = False,
+    compile: bool | dict[str, Any] = False,
     generator: torch.Generator | None = None,
     draft: str = "sample",
 ) -> DFlashOutput:

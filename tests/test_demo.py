@@ -13,7 +13,7 @@ from conftest import make_drafter, make_target
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from transformers_dflash import demo
+from transformers_dflash import demo, demo_view
 
 TINY = "tiny-llama + tiny-drafter"
 
@@ -189,3 +189,17 @@ def test_examples_cover_math_code_and_chat(monkeypatch: pytest.MonkeyPatch) -> N
     fallback = demo.example_prompts(per_kind=1)
     assert [label.split(":")[0] for label, _ in fallback] == ["math", "code", "chat"]
     assert {text for _, text in fallback} <= {text for _, text in demo.SHOWCASE_PROMPTS}
+
+
+def test_token_texts_give_a_split_character_to_the_token_that_completes_it() -> None:
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one token per byte: "√" takes three
+    byte_level = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=byte_level)
+    prompt, answer = tokenizer.encode("Area ="), tokenizer.encode(" √(a² + 1)")
+    texts = demo_view.TokenTexts(tokenizer, prompt)
+    texts.extend(answer[:3])
+    texts.extend(answer[3:])
+    assert len(texts.pieces) == len(answer) and "".join(texts.pieces) == " √(a² + 1)"
+    assert texts.pieces[1:4] == ["", "", "√"] and not any("\ufffd" in piece for piece in texts.pieces)

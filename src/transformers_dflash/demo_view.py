@@ -18,21 +18,32 @@ OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "
 
 
 class TokenTexts:
-    """The text of each generated token, decoded with a few tokens of left context so that spaces and multi-token
-    characters come out as in a decode of the whole sequence."""
+    """The text of each generated token, as a decode of the whole sequence shows it.
+
+    Each token's piece is what it adds to the decoded text (a few prompt tokens of left context included, so that
+    leading spaces come out right). A character whose bytes span several tokens (byte-level BPE) goes to the token
+    that completes it; the tokens before it get "" rather than a U+FFFD replacement character each.
+    """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], context: int = 4) -> None:
-        self.tokenizer, self.context = tokenizer, context
+        self.tokenizer = tokenizer
         self.ids, self.pieces = list(prompt_ids[-context:]), []
+        self._text = self._complete_text()
+
+    def _complete_text(self) -> str:
+        """The decoded text less a trailing partial character (bytes that later tokens complete)."""
+        return self.tokenizer.decode(self.ids).rstrip("\ufffd")
 
     def extend(self, new_ids: list[int]) -> None:
         """Decode the pieces of `new_ids`."""
         for token in new_ids:
-            left = self.ids[-self.context :]
-            before = self.tokenizer.decode(left)
-            after = self.tokenizer.decode([*left, token])
-            self.pieces.append(after[len(before) :] if after.startswith(before) else self.tokenizer.decode([token]))
             self.ids.append(token)
+            text = self._complete_text()
+            # a decoder that rewrites earlier text (e.g. cleanup of spaces) falls back to the token alone
+            self.pieces.append(
+                text[len(self._text) :] if text.startswith(self._text) else self.tokenizer.decode([token])
+            )
+            self._text = text
 
 
 @dataclass

@@ -287,3 +287,21 @@ def test_verify_length_option_parses_every_documented_value(capsys):
     with pytest.raises(SystemExit):
         parse(["--verify-length", "every"])
     assert "expected 'all', 'auto' or a positive int" in capsys.readouterr().err
+
+
+def test_compile_option_reaches_the_engine(pair, monkeypatch):
+    from transformers_dflash import engine
+
+    seen = {}
+
+    def fake_generate(*args, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(engine, "dflash_generate", fake_generate)
+    target, drafter, _ = pair
+    assert bench.build_parser().parse_args(["--compile"]).compile and not bench.build_parser().parse_args([]).compile
+    ctx = MethodContext(target, drafter, settings=GenerationSettings(compile=True))
+    with pytest.raises(RuntimeError, match="stop here"):
+        METHODS["dflash"].run(ctx, random_prompt(0, 5, vocab_size=VOCAB), Variant(METHODS["dflash"], None, 4))
+    assert seen["compile"] is True

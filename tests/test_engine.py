@@ -259,6 +259,11 @@ def test_compiled_steps_are_lossless(compile):
     out = engine.generate(ids, max_new_tokens=16)
     assert torch.equal(out.sequences, greedy_reference(target, ids, 16))
     assert engine._verify_step is not engine._target_forward and out.stats.steps > 2
+    capacity = engine.target_cache.capacity
+    assert capacity % 256 == 0  # rounded up, so that another prompt length reuses the cache and the compiled graphs
+    other = random_prompt(17, 11)
+    assert torch.equal(engine.generate(other, max_new_tokens=12).sequences, greedy_reference(target, other, 12))
+    assert engine.target_cache.capacity == capacity
 
 
 def _bad(name: str, target, drafter):

@@ -337,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="dflash engine: drafts verified per step: 'all' (default), an int, or 'auto'",
     )
+    add(
+        "--compile",
+        action="store_true",
+        help="dflash engine: torch.compile its draft and verify steps (the warm-up and each new cache size compile)",
+    )
     add("--threads", type=int, default=None, help="torch threads (default: torch's default, printed)")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add("--dtype", choices=sorted(_DTYPES), default="float32")
@@ -382,6 +387,7 @@ def _setup(args: argparse.Namespace) -> dict:
         top_k=args.top_k,
         prompt_lookup_tokens=args.prompt_lookup_tokens,
         verify_length=args.verify_length,
+        compile=args.compile,
     )
     return dict(target=target, tokenizer=tokenizer, prompts=prompts, drafter=drafter, methods=methods,
                 block_sizes=block_sizes, settings=settings, assistants=assistants)  # fmt: skip

@@ -38,6 +38,7 @@ class GenerationSettings:
         temperature: 0 for greedy decoding; otherwise sampling (with `top_p`, `top_k`; 0 disables top-k).
         prompt_lookup_tokens: drafted tokens per step for `prompt-lookup` (`prompt_lookup_num_tokens`).
         verify_length: drafts the fast engine verifies per step (None: all; an int; "auto"), see `dflash_generate`.
+        compile: `torch.compile` the fast engine's draft and verify steps.
     """
 
     max_new_tokens: int = 128
@@ -46,6 +47,7 @@ class GenerationSettings:
     top_k: int = 0
     prompt_lookup_tokens: int = 10
     verify_length: int | str | None = None
+    compile: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -274,6 +276,7 @@ def _dflash(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -
         block_size=variant.block_size,
         verify_length=s.verify_length,
         return_stats=True,
+        compile=s.compile,
     )
     stats = out.stats
     timings = {"time_to_first_token_s": stats.prefill_s, "draft_s": stats.draft_s, "verify_s": stats.verify_s}

@@ -41,6 +41,7 @@ from .validation import check_engine_pair, check_request, pad_token_id_of, stop_
 __all__ = ["DFlashEngine", "DFlashOutput", "dflash_generate", "engine_for", "fast_generate"]
 
 _ENGINE_ATTR = "_dflash_engine"
+_COMPILED_CAPACITY_STEP = 256  # cache slots are allocated in multiples of this when compiled
 
 
 @dataclass
@@ -183,6 +184,8 @@ class DFlashEngine:
         input_ids, mask = input_ids.to(device), mask.to(device)
         stop_ids = torch.tensor(stop_token_ids_of(self.target, stop_token_ids), dtype=torch.long, device=device)
         capacity = prompt_len + max_new_tokens + block_size + 1  # every position a block can reach, then the sink
+        if self.compiled:  # compiled steps have the cache's shape: round it up, so that most requests reuse one
+            capacity = -(-capacity // _COMPILED_CAPACITY_STEP) * _COMPILED_CAPACITY_STEP
         self._allocate(b, capacity)
         stats = DFlashStats(block_size, [[] for _ in range(b)], cache_bytes=self.cache_bytes)
         watch, start = Stopwatch(device), time.perf_counter()

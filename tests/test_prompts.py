@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import sys
+import types
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -155,7 +157,9 @@ def test_jsonl_fields_and_round_trip(tmp_path):
     back = P.load_prompts(f"jsonl:{P.write_prompts(items, tmp_path / 'out.jsonl')}")
     assert back == items
     _write_jsonl(tmp_path / "bad.jsonl", [{"text": "x"}])
-    with pytest.raises(ValueError, match="'prompt', 'question' or 'messages'"):
+    with pytest.raises(
+        ValueError, match="bad.jsonl:1: a row needs a 'prompt', 'question', 'messages' or 'conversations'"
+    ):
         P.load_prompts(f"jsonl:{tmp_path / 'bad.jsonl'}")
 
 
@@ -174,3 +178,31 @@ def test_apply_chat_with_and_without_template():
     turns = [{"role": "user", "content": "hi"}]
     assert P.apply_chat(_word_tokenizer(template), turns) == "<|im_start|>user hi <|im_end|> <|im_start|>assistant "
     assert P.apply_chat(_word_tokenizer(None), turns) == "User: hi\nAssistant:"
+
+
+def test_hub_datasets_load_through_datasets(monkeypatch):
+    calls = []
+
+    def load_dataset(repo, config, split):
+        calls.append((repo, config, split))
+        if repo == "missing/repo":
+            raise ConnectionError("offline")
+        return [
+            {"conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]},
+            {"question": "1 + 1?", "answer": "2"},
+        ]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    prompts = P.load_prompts("hub:someone/chats:main@test")
+    assert calls == [("someone/chats", "main", "test")]
+    assert [(p.id, p.dataset, p.turns, p.reference) for p in prompts] == [
+        ("chats-0", "chats", ["Hi?"], None),
+        ("chats-1", "chats", ["1 + 1?"], "2"),
+    ]
+    P.load_prompts("hub:someone/chats")
+    assert calls[-1] == ("someone/chats", None, "train")
+    with pytest.raises(ValueError, match=r"hub:missing/repo could not be loaded \(offline\).*HF_HUB_OFFLINE"):
+        P.load_prompts("hub:missing/repo")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(ValueError, match="needs the `datasets` package: pip install datasets"):
+        P.load_prompts("hub:someone/chats")

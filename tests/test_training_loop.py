@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from transformers_dflash import DFlashDraftModel
 from transformers_dflash.integration import check_pair
+from transformers_dflash.training.blocks import build_block_batch, flex_block_mask, loss_weights
 from transformers_dflash.training.evaluate import measure_tau
 from transformers_dflash.training.export import export_drafter, record_target
 from transformers_dflash.training.plots import plot_training_log
@@ -137,3 +138,38 @@ def test_training_curves_need_training_records(tmp_path) -> None:
     log.write_text(json.dumps({"event": "start", "total_steps": 4}) + "\n")
     with pytest.raises(ValueError, match="no training records"):
         plot_training_log(log, tmp_path / "training.png")
+
+
+def test_flex_block_mask_gives_the_dense_masks_forward(tmp_path) -> None:
+    """The flex `BlockMask` and the dense mask make the same packed forward (CPU: forward only; torch has no flex
+    backward there, so the trainer uses flex on CUDA and refuses it on the CPU)."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4, seed=5).eval()
+    n, block = 30, 4
+    anchors = torch.tensor([[3, 9, 17, 22], [5, 11, 0, 0]])  # the second row has two padded blocks
+    ids = [random_prompt(0, n)[0], random_prompt(1, n)[0]]
+    batch = build_block_batch(
+        ids, ids, [anchors[0], anchors[1, :2]], block, drafter.mask_token_id, loss_weights(block)
+    )
+    context = torch.randn(2, n, drafter.fc.in_features)
+    embeds = target.get_input_embeddings()(batch.noise_ids)
+    with torch.no_grad():
+        out = {
+            kind: drafter(
+                noise_embeds=embeds,
+                context_hidden_states=context,
+                position_ids=batch.position_ids,
+                attention_mask=mask,
+            ).last_hidden_state
+            for kind, mask in (
+                ("dense", batch.attention_mask),
+                ("flex", flex_block_mask(batch.anchors, block, n)),
+            )
+        }
+    torch.testing.assert_close(out["flex"], out["dense"], atol=1e-5, rtol=1e-4)
+    sequences = [TrainingSequence(f"s{i}", random_prompt(i, 30)[0], 8) for i in range(4)]
+    with pytest.raises(ValueError, match="no backward pass on the CPU.*--attention dense"):
+        DFlashTrainer(target, make_drafter(target), sequences, TrainConfig(str(tmp_path / "f"), attention="flex"))
+    assert not DFlashTrainer(target, make_drafter(target), sequences, TrainConfig(str(tmp_path / "a"))).flex
+    with pytest.raises(ValueError, match="attention must be 'auto', 'dense' or 'flex'"):
+        DFlashTrainer(target, make_drafter(target), sequences, TrainConfig(str(tmp_path / "x"), attention="sparse"))

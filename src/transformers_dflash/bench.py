@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--target", help="target model folder (default: the embedded SmolLM2-135M-Instruct)")
     add("--drafter", help="DFlash drafter folder (default: the shipped SmolLM2-135M-Instruct-DFlash-b16)")
-    add("--dataset", default=None, help="comma list of gsm8k, humaneval, mt-bench, sharegpt, jsonl:PATH "
+    add("--dataset", default=None, help="comma list of gsm8k, humaneval, mt-bench, sharegpt, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT] "
         f"(default: {','.join(DEFAULT_DATASETS)}, gsm8k only when a GSM8K file is found)")  # fmt: skip
     add("--gsm8k-path", help=f"GSM8K JSONL (default: $DFLASH_GSM8K, else {CHECKOUT_GSM8K} if present)")
     add("--exclude-prompts", help="comma list of JSONL prompt files (e.g. a drafter's prompts.train.jsonl) whose "

@@ -132,10 +132,13 @@ class DFlashAttention(nn.Module):
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)  # (b, kv_heads, past + n + q, d)
 
-        implementation = self.config._attn_implementation or "sdpa"
+        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):  # a flex BlockMask (training)
+            implementation, mask = "flex_attention", attention_mask
+        else:
+            implementation = self.config._attn_implementation or "sdpa"
+            additive = query.dtype if implementation == "eager" else None
+            mask = layer_attention_mask(attention_mask, q_len, key.shape[-2], self.sliding_window, additive)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        additive = query.dtype if implementation == "eager" else None
-        mask = layer_attention_mask(attention_mask, q_len, key.shape[-2], self.sliding_window, additive)
         output, _ = attention(
             self,
             query,
@@ -269,8 +272,9 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 (concatenated over `target_layer_ids`); None or n = 0 when nothing is new.
             position_ids: (b, n + q) absolute positions of the new context tokens then the block; defaults to
                 consecutive positions after the cache.
-            attention_mask: None (all keys visible), a 2D key-padding mask (b, past + n + q), or a 4D mask
-                (b, 1, q, past + n + q), bool (True = attend) or additive.
+            attention_mask: None (all keys visible), a 2D key-padding mask (b, past + n + q), a 4D mask
+                (b, 1, q, past + n + q), bool (True = attend) or additive, or a flex attention `BlockMask` over
+                (q, n + q) (training; runs `flex_attention`, no cache, no sliding window).
             past_key_values / cache: a Transformers `Cache` holding the context keys/values of earlier steps
                 (Transformers 5.23 passes `past_key_values`, 5.24+ `cache`; both are accepted). The block's own
                 keys/values are appended too; the caller drops them before the next step.

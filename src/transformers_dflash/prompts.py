@@ -18,10 +18,10 @@ import json
 import os
 import random
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -207,27 +207,59 @@ def load_code(path: str | None = None) -> list[Prompt]:
     return shared + load_stdlib_code()
 
 
-def load_jsonl(path: str) -> list[Prompt]:
-    """A generic JSONL prompt file: each row has ``prompt`` (str), ``question`` (str) or ``messages``.
+def _row_turns(row: dict[str, Any], where: str) -> list[str]:
+    """The user turns of one prompt row: ``messages`` (chat), ``conversations`` (ShareGPT), ``prompt`` or ``question``."""
+    if "messages" in row:
+        return [m["content"] for m in row["messages"] if m.get("role") == "user"]
+    if "conversations" in row:
+        return [m.get("value", m.get("content")) for m in row["conversations"] if m.get("from") in ("human", "user")]
+    if "prompt" in row or "question" in row:
+        return [row.get("prompt", row.get("question"))]
+    raise ValueError(
+        f"{where}: a row needs a 'prompt', 'question', 'messages' or 'conversations' field, got {sorted(row)}."
+    )
 
-    ``messages`` is a chat list (``{"role", "content"}``) whose user contents become the turns. Optional fields:
-    ``id`` (default: ``<file stem>-<row>``), ``dataset`` (default: the file stem) and ``reference``/``answer``.
-    :func:`write_prompts` writes this format.
+
+def _rows_to_prompts(rows: Iterable[dict[str, Any]], name: str, where: str) -> list[Prompt]:
+    """Prompts from rows in the generic format; ``id``, ``dataset`` and ``reference``/``answer`` are optional."""
+    prompts = []
+    for i, row in enumerate(rows):
+        turns = _row_turns(row, f"{where}:{i + 1}")
+        reference = row.get("reference", row.get("answer"))
+        prompts.append(Prompt(str(row.get("id", f"{name}-{i}")), row.get("dataset", name), turns, reference))
+    return prompts
+
+
+def load_jsonl(path: str) -> list[Prompt]:
+    """A generic JSONL prompt file: each row has ``prompt`` (str), ``question`` (str), ``messages`` or ``conversations``.
+
+    ``messages`` is a chat list (``{"role", "content"}``) whose user contents become the turns; ``conversations`` is
+    ShareGPT's (``{"from": "human", "value"}``). Optional fields: ``id`` (default: ``<file stem>-<row>``), ``dataset``
+    (default: the file stem) and ``reference``/``answer``. :func:`write_prompts` writes this format.
     """
     file = Path(path)
-    prompts = []
-    for i, row in enumerate(_read_jsonl(file)):
-        if "messages" in row:
-            turns = [m["content"] for m in row["messages"] if m.get("role") == "user"]
-        elif "prompt" in row or "question" in row:
-            turns = [row.get("prompt", row.get("question"))]
-        else:
-            raise ValueError(
-                f"{file}:{i + 1}: a row needs a 'prompt', 'question' or 'messages' field, got {sorted(row)}."
-            )
-        reference = row.get("reference", row.get("answer"))
-        prompts.append(Prompt(str(row.get("id", f"{file.stem}-{i}")), row.get("dataset", file.stem), turns, reference))
-    return prompts
+    return _rows_to_prompts(_read_jsonl(file), file.stem, str(file))
+
+
+def load_hub(spec: str) -> list[Prompt]:
+    """A Hub dataset through `datasets` (online only): ``spec`` is ``REPO[:CONFIG][@SPLIT]`` (default split train).
+
+    Rows are read as by :func:`load_jsonl`, e.g. ``openai/gsm8k:main@train`` (``question``) or a ShareGPT-style
+    dataset (``conversations``).
+    """
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ValueError(f"hub:{spec} needs the `datasets` package: pip install datasets") from exc
+    name, _, split = spec.partition("@")
+    repo, _, config = name.partition(":")
+    try:
+        rows = datasets.load_dataset(repo, config or None, split=split or "train")
+    except Exception as exc:  # offline, unknown repo or split: say which source failed and how to go on
+        raise ValueError(
+            f"hub:{spec} could not be loaded ({exc}); it needs network access (unset HF_HUB_OFFLINE)."
+        ) from exc
+    return _rows_to_prompts(rows, repo.rsplit("/", 1)[-1], f"hub:{spec}")
 
 
 def write_prompts(prompts: list[Prompt], path: str | Path) -> Path:
@@ -261,7 +293,8 @@ def load_prompts(
     """Load a prompt set by name.
 
     Args:
-        name: one of ``gsm8k``, ``humaneval``, ``mt-bench``, ``sharegpt``, ``code``, or ``jsonl:PATH``.
+        name: one of ``gsm8k``, ``humaneval``, ``mt-bench``, ``sharegpt``, ``code``, ``jsonl:PATH`` or
+            ``hub:NAME[:CONFIG][@SPLIT]`` (a Hub dataset, online, through `datasets`).
         max_samples: if set and smaller than the set, a random subset of this size (kept in source order).
         seed: seed of that subset.
         path: data file overriding the packaged one (required for ``gsm8k`` unless ``$DFLASH_GSM8K`` is set).
@@ -274,10 +307,14 @@ def load_prompts(
     """
     if name.startswith("jsonl:"):
         prompts = load_jsonl(name.removeprefix("jsonl:"))
+    elif name.startswith("hub:"):
+        prompts = load_hub(name.removeprefix("hub:"))
     elif name in PROMPT_SETS:
         prompts = PROMPT_SETS[name](path)
     else:
-        raise ValueError(f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH.")
+        raise ValueError(
+            f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH, hub:NAME[@SPLIT]."
+        )
     if exclude:
         seen = {p.turns[0] for p in exclude}
         prompts = [p for p in prompts if p.turns[0] not in seen]

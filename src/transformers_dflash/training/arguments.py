@@ -34,6 +34,7 @@ TRAIN_FLAGS = {
     "restricted_vocab": "restricted_vocab",
     "mixed_precision": "mixed_precision",
     "gradient_checkpointing": "gradient_checkpointing",
+    "attention": "attention",
     "seed": "seed",
     "log_every": "log_every",
     "eval_every": "eval_every",
@@ -101,7 +102,7 @@ def _prompt_flags() -> argparse.ArgumentParser:
         "--source",
         action="append",
         metavar="NAME[=WEIGHT]",
-        help="prompt set and its share, repeatable: gsm8k, sharegpt, code, jsonl:PATH (default: gsm8k)",
+        help="prompt set and its share, repeatable: gsm8k, sharegpt, code, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT] (online, needs `datasets`) (default: gsm8k)",
     )
     g.add_argument(
         "--gsm8k", default=os.environ.get("DFLASH_GSM8K"), help="GSM8K train JSONL (default: $DFLASH_GSM8K)"
@@ -189,6 +190,12 @@ def _train_flags() -> argparse.ArgumentParser:
         "--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto", help="auto: bf16 on GPU"
     )
     g.add_argument("--gradient-checkpointing", action="store_true", help="recompute draft layers in backward")
+    g.add_argument(
+        "--attention",
+        choices=("auto", "dense", "flex"),
+        default="auto",
+        help="packed-block mask: flex attention (only visible tiles computed) or a dense mask; auto: flex on CUDA",
+    )
     g.add_argument("--log-every", type=int, default=10, help="steps between log lines (default: %(default)s)")
     g.add_argument("--eval-every", type=int, default=0, help="steps between tau evals; 0 = every epoch")
     g.add_argument("--save-every", type=int, default=0, help="steps between checkpoints; 0 = every epoch")

@@ -10,9 +10,13 @@ the target has not computed yet), its own block bidirectionally, and no other bl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 IGNORE_INDEX = -100
 # The paper's loss-weight decay per block size: w_k = exp(-(k - 1) / gamma).
@@ -93,6 +97,24 @@ def block_attention_mask(anchors: torch.LongTensor, block_size: int, context_len
     context = torch.arange(context_len, device=anchors.device)[None, None, :] < query_anchor[:, :, None]  # (b, q, n)
     own_block = (block_of[:, None] == block_of[None, :]).expand(b, q, q)  # (b, q, q)
     return torch.cat([context, own_block], dim=-1)[:, None]  # (b, 1, q, n + q)
+
+
+def flex_block_mask(anchors: torch.LongTensor, block_size: int, context_len: int) -> BlockMask:
+    """The mask of [`block_attention_mask`] as a flex attention `BlockMask` (b, heads shared, q, n + q).
+
+    Only the tiles a block can see are computed, instead of the dense (q, n + q) mask: on a GPU with the paper's
+    512 blocks of 16 per sequence that is most of the attention cost saved.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, a = anchors.shape
+    q = a * block_size
+
+    def visible(row: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        block = query // block_size
+        return torch.where(key < context_len, key < anchors[row, block], (key - context_len) // block_size == block)
+
+    return create_block_mask(visible, b, None, q, context_len + q, device=anchors.device)
 
 
 @dataclass
@@ -193,6 +215,7 @@ __all__ = [
     "BlockBatch",
     "anchor_generator",
     "block_attention_mask",
+    "flex_block_mask",
     "build_block_batch",
     "consistent_prefix",
     "default_gamma",

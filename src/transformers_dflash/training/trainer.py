@@ -27,6 +27,7 @@ from .blocks import (
     BlockBatch,
     anchor_generator,
     build_block_batch,
+    flex_block_mask,
     labels_from_predictions,
     loss_weights,
     sample_anchors,
@@ -58,6 +59,9 @@ class TrainConfig:
         restricted_vocab: score the loss over the response vocabulary only (faster; inference keeps the full head).
         mixed_precision: "auto" (bf16 on a GPU that supports it, else fp32), "no", "bf16" or "fp16".
         gradient_checkpointing: recompute draft layers in backward to save memory.
+        attention: the packed blocks' mask: "dense" (a bool mask through sdpa), "flex" (a flex attention
+            `BlockMask`: only the visible tiles are computed; not on the CPU, where torch has no flex backward) or
+            "auto" (flex on CUDA, dense elsewhere).
         seed: seed of data order, anchors and init.
         log_every, eval_every, save_every: in optimizer steps; 0 = at the end of every epoch.
         keep_checkpoints: newest checkpoints kept.
@@ -79,6 +83,7 @@ class TrainConfig:
     restricted_vocab: bool = False
     mixed_precision: str = "auto"
     gradient_checkpointing: bool = False
+    attention: str = "auto"
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0
@@ -169,6 +174,8 @@ class DFlashTrainer:
     ) -> None:
         if config.labels not in ("tokens", "target"):
             raise ValueError(f"labels must be 'tokens' or 'target', got {config.labels!r}.")
+        if config.attention not in ("auto", "dense", "flex"):
+            raise ValueError(f"attention must be 'auto', 'dense' or 'flex', got {config.attention!r}.")
         self.config, self.sequences = config, sequences
         self.eval_prompts, self.stop_token_ids = eval_prompts or [], stop_token_ids or []
         self.accelerator = Accelerator(
@@ -177,6 +184,11 @@ class DFlashTrainer:
             cpu=not _has_accelerator(),  # so `accelerate launch --multi_gpu` / torchrun on a CPU machine uses gloo
         )
         device = self.accelerator.device
+        self.flex = config.attention == "flex" or (config.attention == "auto" and device.type == "cuda")
+        if self.flex and device.type == "cpu":
+            raise ValueError(
+                "Flex attention has no backward pass on the CPU in torch; use --attention dense (or auto)."
+            )
         self.target = target.to(device).eval().requires_grad_(False)
         self.block_size, self.mask_token_id = drafter.block_size, drafter.mask_token_id
         self.plan = EpochPlan(
@@ -256,7 +268,11 @@ class DFlashTrainer:
             noise_embeds=self.objective.embed(batch.noise_ids),
             context_hidden_states=feats.hidden,
             position_ids=batch.position_ids,
-            attention_mask=batch.attention_mask,
+            attention_mask=(
+                flex_block_mask(batch.anchors, self.block_size, feats.hidden.shape[1])
+                if self.flex
+                else batch.attention_mask
+            ),
         ).last_hidden_state  # (b, q, H)
         with self.accelerator.autocast():
             return self.objective(hidden, batch.labels, batch.weights)

@@ -266,9 +266,10 @@ class DFlashEngine:
             rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
             stats.verify_widths.append(width)
             host = torch.cat([rows.done[:, None].long(), n_new[:, None], committed], dim=1).tolist()  # the sync
+            now = time.perf_counter()
             if costs is not None and len(host) == b:  # real step times correct the costs (of the full batch)
-                costs.observe(width, time.perf_counter() - step_start)
-            step_start = time.perf_counter()
+                costs.observe(width, now - step_start)
+            step_start = now
 
         outputs.update({origin[r]: rows.tokens[r, : generated[r]] for r in range(len(host))})
         new_tokens = [outputs[r] for r in range(b)]

@@ -294,7 +294,7 @@ def load_prompts(
 
     Args:
         name: one of ``gsm8k``, ``humaneval``, ``mt-bench``, ``sharegpt``, ``code``, ``jsonl:PATH`` or
-            ``hub:NAME[:CONFIG][@SPLIT]`` (a Hub dataset, online, through `datasets`).
+            ``hub:REPO[:CONFIG][@SPLIT]`` (a Hub dataset, online, through `datasets`).
         max_samples: if set and smaller than the set, a random subset of this size (kept in source order).
         seed: seed of that subset.
         path: data file overriding the packaged one (required for ``gsm8k`` unless ``$DFLASH_GSM8K`` is set).
@@ -313,7 +313,7 @@ def load_prompts(
         prompts = PROMPT_SETS[name](path)
     else:
         raise ValueError(
-            f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH, hub:NAME[@SPLIT]."
+            f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT]."
         )
     if exclude:
         seen = {p.turns[0] for p in exclude}

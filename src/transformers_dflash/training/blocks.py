@@ -124,29 +124,42 @@ class BlockBatch:
     Attributes:
         noise_ids: (b, q) `[anchor token, MASK x (B - 1)]` per block; padded blocks are all MASK.
         position_ids: (b, n + q) context positions 0..n-1, then each block's anchor..anchor + B - 1.
-        attention_mask: (b, 1, q, n + q) bool block-sparse mask (see `block_attention_mask`).
         labels: (b, q) token each query predicts (the token at anchor + k); IGNORE_INDEX at anchors and padding.
         weights: (b, q) loss weight of each query; 0 at anchors and padding.
         anchors: (b, a) anchor positions (0 for padded blocks).
         num_blocks: (b,) real blocks per row.
+        block_size: tokens per block (anchor included).
+
+    The attention mask is built from the anchors when asked for, dense or as a flex `BlockMask`: a trainer that
+    uses one never builds (nor moves to its device) the other.
     """
 
     noise_ids: torch.LongTensor
     position_ids: torch.LongTensor
-    attention_mask: torch.Tensor
     labels: torch.LongTensor
     weights: torch.Tensor
     anchors: torch.LongTensor
     num_blocks: torch.LongTensor
+    block_size: int
 
     @property
-    def block_size(self) -> int:
-        """Tokens per block."""
-        return self.noise_ids.shape[1] // self.anchors.shape[1]
+    def context_len(self) -> int:
+        """n: context positions before the packed blocks."""
+        return self.position_ids.shape[1] - self.noise_ids.shape[1]
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(b, 1, q, n + q) bool block-sparse mask (see `block_attention_mask`)."""
+        return block_attention_mask(self.anchors, self.block_size, self.context_len)
+
+    def flex_mask(self) -> BlockMask:
+        """The same mask as a flex attention `BlockMask` (see `flex_block_mask`)."""
+        return flex_block_mask(self.anchors, self.block_size, self.context_len)
 
     def to(self, device: torch.device | str) -> BlockBatch:
         """A copy with every tensor on `device`."""
-        return BlockBatch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return BlockBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()})
 
 
 def build_block_batch(
@@ -201,11 +214,11 @@ def build_block_batch(
     return BlockBatch(
         noise_ids=noise.reshape(b, -1),
         position_ids=position_ids,
-        attention_mask=block_attention_mask(anchor_pad, block_size, n),
         labels=labels.reshape(b, -1),
         weights=block_weights.reshape(b, -1),
         anchors=anchor_pad,
         num_blocks=num_blocks,
+        block_size=block_size,
     )
 
 

@@ -27,7 +27,6 @@ from .blocks import (
     BlockBatch,
     anchor_generator,
     build_block_batch,
-    flex_block_mask,
     labels_from_predictions,
     loss_weights,
     sample_anchors,
@@ -268,11 +267,7 @@ class DFlashTrainer:
             noise_embeds=self.objective.embed(batch.noise_ids),
             context_hidden_states=feats.hidden,
             position_ids=batch.position_ids,
-            attention_mask=(
-                flex_block_mask(batch.anchors, self.block_size, feats.hidden.shape[1])
-                if self.flex
-                else batch.attention_mask
-            ),
+            attention_mask=batch.flex_mask() if self.flex else batch.attention_mask,
         ).last_hidden_state  # (b, q, H)
         with self.accelerator.autocast():
             return self.objective(hidden, batch.labels, batch.weights)

@@ -6,11 +6,12 @@ blocks the trainer builds are the `[anchor, MASK...]` blocks inference drafts fr
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import MASK, make_drafter, make_target, random_prompt
 from transformers import DynamicCache
 
-from transformers_dflash.training.features import FeatureCache, build_feature_cache, capture_features
+from transformers_dflash.training.features import FeatureCache, FeatureSource, build_feature_cache, capture_features
 from transformers_dflash.training.sequences import TrainingSequence
 from transformers_dflash.training.trainer import DFlashTrainer, TrainConfig
 
@@ -64,3 +65,17 @@ def test_feature_cache_round_trip_and_resume(tmp_path) -> None:
         torch.testing.assert_close(stored.hidden.float(), online.hidden, atol=2e-2, rtol=1e-2)  # fp16 on disk
         assert torch.equal(stored.predictions, online.predictions)
         assert torch.equal(online.predictions[0], target(torch.tensor([ids])).logits[0].argmax(-1))
+
+
+def test_feature_source_reads_a_subset_of_the_cached_layers(tmp_path) -> None:
+    target = make_target("llama")
+    seqs = [(f"s{i}", random_prompt(i, 10 + i)[0].tolist()) for i in range(2)]
+    cache = build_feature_cache(target, seqs, tmp_path, [0, 1, 3])
+    batch = [(sequence_id, torch.tensor(ids)) for sequence_id, ids in seqs]
+    subset = FeatureSource(target, [3, 0], cache)(batch, torch.device("cpu")).hidden  # (2, 11, 2 * 32)
+    online = FeatureSource(target, [3, 0])(batch, torch.device("cpu")).hidden
+    assert subset.shape == online.shape == (2, 11, 64)
+    for row, (_, ids) in enumerate(seqs):  # real positions (padding differs: zeros vs the pad token's features)
+        torch.testing.assert_close(subset[row, : len(ids)].float(), online[row, : len(ids)], atol=2e-2, rtol=1e-2)
+    with pytest.raises(ValueError, match=r"\[2\] missing"):
+        FeatureSource(target, [0, 2], cache)

@@ -13,12 +13,13 @@ import sys
 
 import pytest
 import torch
-from conftest import MASK, make_target, random_prompt
+from conftest import MASK, make_drafter, make_target, random_prompt
 from safetensors.torch import load_file
 
 from transformers_dflash.training import cli
 from transformers_dflash.training.checkpoint import list_checkpoints, read_state
 from transformers_dflash.training.cli import build_parser, main
+from transformers_dflash.training.export import record_target
 
 
 def test_help_explains_every_stage_and_the_paper_scale(capsys) -> None:
@@ -92,3 +93,29 @@ def test_accelerate_launch_two_processes_trains_and_saves(tmp_path) -> None:
     assert (work / "export" / "README.md").is_file()
     weights = load_file(work / "export" / "model.safetensors")
     assert {w.dtype for w in weights.values()} == {torch.float16}
+
+
+def test_init_from_starts_from_a_saved_drafter_and_refuses_another_targets(tmp_path) -> None:
+    target, other = make_target("llama"), make_target("llama", seed=5)
+    target.save_pretrained(tmp_path / "target")
+    other.save_pretrained(tmp_path / "other")
+    init = make_drafter(target, block_size=4, num_layers=1, features=2)
+    record_target(init.config, target)
+    init.save_pretrained(tmp_path / "init")
+    work = tmp_path / "run"
+    work.mkdir()
+    with (work / "responses.jsonl").open("w") as handle:
+        for i in range(2):
+            ids = random_prompt(i, 30)[0].tolist()
+            handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
+    flags = ["train", "--work-dir", str(work), "--init-from", str(tmp_path / "init"), "--num-anchors", "4"]
+    flags += ["--epochs", "1", "--eval-prompts", "0", "--lr", "0", "--weight-decay", "0"]  # lr 0: weights unchanged
+    main([*flags, "--target", str(tmp_path / "target")])
+    checkpoint = list_checkpoints(work / "checkpoints")[-1]
+    saved = load_file(checkpoint / "model.safetensors")
+    assert set(saved) == set(init.state_dict())  # the init's shape (1 layer, 2 features), not the flags' defaults
+    for name, weight in init.state_dict().items():
+        assert torch.equal(saved[name], weight), name
+    assert read_state(checkpoint)["run_info"]["initialised from"] == str(tmp_path / "init")
+    with pytest.raises(ValueError, match="trained for"):
+        main([*flags, "--target", str(tmp_path / "other"), "--work-dir", str(tmp_path / "run2")])

@@ -79,6 +79,13 @@ def test_decontaminate_drops_shared_ngrams():
     assert [p.id for p in D.decontaminate(items, bench)] == ["ok"]
 
 
+def test_decontaminate_drops_copies_of_short_prompts():
+    # fewer than 13 words has no 13-gram: a copy of such a prompt must still be caught
+    bench = [Prompt("old/1", "s", ["Write a haiku about rain."])]
+    items = [Prompt("copy", "s", ["write a  HAIKU about rain"]), Prompt("other", "s", ["Write a haiku about snow."])]
+    assert [p.id for p in D.decontaminate(items, bench)] == ["other"]
+
+
 def test_interleave_keeps_the_mix_in_every_prefix():
     groups = [_prompts(60, "a"), _prompts(25, "b"), _prompts(15, "c")]
     merged = D.interleave(groups, [0.6, 0.25, 0.15])
@@ -105,6 +112,7 @@ def test_build_prompt_mix(tokenizer):
     assert [p.id for p in train] == [p.id for p in again] and [p.id for p in evals] == [p.id for p in evals_again]
     assert [sum(p.dataset == n for p in train) for n in weights] == [12, 5, 3]
     assert [sum(p.dataset == n for p in evals) for n in weights] == [4, 2, 0]
+    assert {p.dataset for p in evals[:3]} == {"gsm8k", "sharegpt"}  # interleaved: a prefix samples every source
     keys = [D.normalise(p.turns[0]) for p in train + evals]
     assert len(keys) == len(set(keys))  # no text in two places, in particular not in train and eval
     assert all(p.id.startswith(f"{p.dataset}:") for p in train + evals)

@@ -110,6 +110,13 @@ def _prompt_flags() -> argparse.ArgumentParser:
     g.add_argument("--num-prompts", type=int, default=400, help="training prompts (paper ~800K; default: %(default)s)")
     g.add_argument("--num-eval", type=int, default=8, help="held-out prompts per source (default: %(default)s)")
     g.add_argument("--max-prompt-tokens", type=int, default=256, help="longest prompt kept (default: %(default)s)")
+    g.add_argument(
+        "--exclude-prompts",
+        action="append",
+        metavar="JSONL",
+        help="prompt file(s) kept out of both splits, repeatable: an earlier run's prompts.train.jsonl and "
+        "prompts.eval.jsonl when growing a data set (HumanEval and MT-Bench are always kept out)",
+    )
     return p
 
 
@@ -138,6 +145,13 @@ def _model_flags() -> argparse.ArgumentParser:
         "--block-size", type=int, default=16, help="tokens per block, anchor included (default: %(default)s)"
     )
     g.add_argument("--mask-token-id", type=int, help="mask token (default: an unused special token of the tokenizer)")
+    g.add_argument(
+        "--init-from",
+        metavar="DRAFTER",
+        help="start from this drafter's weights and config (a folder or Hub id, e.g. a shipped or published "
+        "drafter to fine-tune on new data; it must pass the pair check with --target); its config replaces "
+        "--draft-layers, --target-features, --block-size and --mask-token-id",
+    )
     g.add_argument(
         "--max-seq-len", type=int, default=1024, help="sequences cut to this (paper 3072; default: %(default)s)"
     )

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..configuration_dflash import DFlashConfig
+from ..integration import check_pair
 from ..modeling_dflash import DFlashDraftModel
 from ..prompts import load_prompts, write_prompts
 from . import data
@@ -64,10 +65,15 @@ def _need(tokenizer: PreTrainedTokenizerBase | None, what: str) -> PreTrainedTok
 def drafter_config(
     args: argparse.Namespace, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
 ) -> DFlashConfig:
-    """The newest checkpoint's drafter config when resuming, else one shaped for `target` by the flags."""
+    """The newest checkpoint's drafter config when resuming, else --init-from's, else one shaped by the flags."""
     found = latest_checkpoint(_work(args, "checkpoints"))
     if found is not None:
         return DFlashConfig.from_pretrained(found)
+    if args.init_from:
+        config = DFlashConfig.from_pretrained(args.init_from)
+        if not (config.dflash_config or {}).get("target"):  # e.g. a z-lab checkpoint: record the target now
+            record_target(config, target, _target_name(args))
+        return config
     mask = args.mask_token_id
     if mask is None:
         from ..zoo import choose_mask_token_id
@@ -97,6 +103,8 @@ def stage_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) 
             exclude += load_prompts(name)
         except ModuleNotFoundError as error:
             print(f"dflash-train: not decontaminating against {name}: {error}", file=sys.stderr)
+    for path in args.exclude_prompts or []:
+        exclude += load_prompts(f"jsonl:{path}")
     train, held_out = data.build_prompt_mix(
         sources,
         weights,
@@ -175,12 +183,26 @@ def _eval_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase |
     return [tokenizer(data.chat_text(tokenizer, p), add_special_tokens=False).input_ids for p in prompts]
 
 
+def initial_drafter(args: argparse.Namespace, target: PreTrainedModel, config: DFlashConfig) -> DFlashDraftModel:
+    """A freshly initialised fp32 drafter for `config`, or --init-from's weights after the pair check.
+
+    A resumed run loads its checkpoint's weights over either.
+    """
+    if not args.init_from:
+        return DFlashDraftModel(config)
+    dtype = next(target.parameters()).dtype
+    drafter = DFlashDraftModel.from_pretrained(args.init_from, config=config, dtype=dtype)
+    check_pair(target, drafter, same_device=False)  # a drafter trained for another target is refused here
+    print(f"dflash-train: drafter initialised from {args.init_from}", file=sys.stderr)
+    return drafter.float()
+
+
 def stage_train(
     args: argparse.Namespace, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, config: DFlashConfig
 ) -> None:
     """Trains the drafter, resuming from the newest checkpoint in --work-dir."""
     torch.manual_seed(args.seed)
-    drafter = DFlashDraftModel(config)
+    drafter = initial_drafter(args, target, config)
     cache_dir = _work(args, "features")
     cache = FeatureCache(cache_dir) if args.features != "online" and (cache_dir / "meta.json").exists() else None
     if args.features == "cache" and cache is None:
@@ -195,7 +217,10 @@ def stage_train(
         eval_prompts=_eval_prompts(args, tokenizer),
         feature_cache=cache,
         stop_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-        run_info={"command": " ".join(["dflash-train", *map(shlex.quote, sys.argv[1:])])},
+        run_info={
+            "command": " ".join(["dflash-train", *map(shlex.quote, sys.argv[1:])]),
+            **({"initialised from": args.init_from} if args.init_from else {}),
+        },
     )
     trainer.train()
 

@@ -54,7 +54,10 @@ def dedupe(prompts: Iterable[Prompt]) -> list[Prompt]:
 
 
 def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    """The word ``n``-grams of ``text``; a text of fewer than ``n`` words is its own single gram (so copies match)."""
     words = re.findall(r"\w+", text.lower())
+    if len(words) < n:
+        return {tuple(words)}
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
@@ -109,7 +112,7 @@ def build_prompt_mix(
     or sharing a 13-gram with ``exclude`` (e.g. HumanEval and MT-Bench) are dropped, ``n_eval[name]`` prompts per
     source are held out, and ``round(total * weight)`` prompts are drawn per source in a seeded order. A text
     drawn by one source (or held out) is never drawn again by another (e.g. ShareGPT's code questions). The
-    training list is interleaved so any prefix keeps the mix.
+    training and held-out lists are interleaved so any prefix keeps the mix.
 
     Args:
         sources: prompt lists by source name; ids must be unique within a source.
@@ -155,7 +158,8 @@ def build_prompt_mix(
         clean = decontaminate(dedupe(prompts), exclude) if exclude else dedupe(prompts)
         renamed = [Prompt(f"{name}:{p.id}", name, p.turns, p.reference) for p in clean]
         pools[name] = sorted(renamed, key=lambda p: _rank(p, seed))
-    evals = [p for name, pool in pools.items() for p in draw(pool, n_eval.get(name, 0))]
+    held_out = [draw(pool, n_eval.get(name, 0)) for name, pool in pools.items()]
+    evals = interleave(held_out, [len(group) for group in held_out])  # any prefix samples every source
     # Smallest share first: a narrow source (code) keeps the texts it shares with a broad one (ShareGPT).
     order = sorted(weights, key=lambda name: weights[name])
     drawn = {name: draw(pools[name], round(total * weights[name] / weight_sum)) for name in order}

@@ -242,6 +242,9 @@ def build_feature_cache(
 class FeatureSource:
     """Features for a batch of sequences: read from a `FeatureCache` when given, else computed by the target.
 
+    A cache built for more target layers serves a drafter that reads a subset of them (e.g. a 5-layer cache for
+    3-layer ablations).
+
     Returns features right-padded with zeros to the longest sequence (b, n_max, F * H) on `device`, with
     predictions (b, n_max) when `with_predictions` (the cache must then hold them).
     """
@@ -253,15 +256,28 @@ class FeatureSource:
         cache: FeatureCache | None = None,
         with_predictions: bool = False,
     ) -> None:
-        if cache is not None and cache.target_layer_ids != list(target_layer_ids):
-            raise ValueError(
-                f"The feature cache holds target layers {cache.target_layer_ids}, the drafter reads "
-                f"{list(target_layer_ids)}; rebuild the cache or match --target-features."
-            )
+        self.layer_slots: list[int] | None = None  # which of the cache's layers the drafter reads, in its order
+        if cache is not None:
+            missing = [layer for layer in target_layer_ids if layer not in cache.target_layer_ids]
+            if missing:
+                raise ValueError(
+                    f"The feature cache holds target layers {cache.target_layer_ids}, the drafter reads "
+                    f"{list(target_layer_ids)} ({missing} missing); rebuild the cache or match --target-features."
+                )
+            if list(target_layer_ids) != cache.target_layer_ids:
+                self.layer_slots = [cache.target_layer_ids.index(layer) for layer in target_layer_ids]
         if cache is not None and with_predictions and not cache.has_predictions:
             raise ValueError("Target-argmax labels need predictions in the feature cache; rebuild it with them.")
         self.target, self.target_layer_ids = target, list(target_layer_ids)
         self.cache, self.with_predictions = cache, with_predictions
+
+    def _select_layers(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(b, n, F_cache * H) cached features -> (b, n, F * H) of the drafter's layers (a cache may hold more)."""
+        if self.layer_slots is None:
+            return hidden
+        b, n, width = hidden.shape
+        per_layer = hidden.view(b, n, len(self.cache.target_layer_ids), width // len(self.cache.target_layer_ids))
+        return per_layer[:, :, self.layer_slots].reshape(b, n, -1)
 
     @property
     def kind(self) -> str:
@@ -289,7 +305,8 @@ class FeatureSource:
                 )
         hidden = torch.nn.utils.rnn.pad_sequence(
             [p.hidden[0, :length] for p, length in zip(parts, lengths, strict=True)], batch_first=True
-        )  # (b, n, F * H)
+        )  # (b, n, F_cache * H)
+        hidden = self._select_layers(hidden)  # (b, n, F * H)
         predictions = None
         if self.with_predictions:
             predictions = torch.nn.utils.rnn.pad_sequence(

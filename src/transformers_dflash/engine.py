@@ -105,12 +105,20 @@ class DFlashEngine:
     # ---- the two forward passes -----------------------------------------------------------------------------
 
     def _target_forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, logits_to_keep: int = 0
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        logits_to_keep: int = 0,
+        reach: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits (b, t | keep, V) and context features (b, t, F * H) of `ids` (b, t) at `positions`."""
+        """Target logits (b, t | keep, V) and context features (b, t, F * H) of `ids` (b, t) at `positions`.
+
+        `reach`: attention reads only the cache's first `reach` slots (every query position is below it); None:
+        the whole cache."""
         cache = self.target_cache
-        cache.write_at(slots)
-        slot_ids = torch.arange(cache.capacity, device=ids.device)
+        cache.write_at(slots, reach)
+        slot_ids = torch.arange(reach or cache.capacity, device=ids.device)
         mask = (slot_ids <= positions[..., None])[:, None]  # (b, 1, t, T)
         if self.target.config.get_text_config()._attn_implementation == "eager":
             dtype = self.lm_head.weight.dtype
@@ -134,14 +142,18 @@ class DFlashEngine:
         context_pos: torch.Tensor,
         context_slots: torch.Tensor,
         block_size: int,
+        reach: int | None = None,
     ) -> torch.Tensor:
-        """Drafter logits (b, B - 1, V) for the block after `anchor`, given the new `context` (b, n, F * H)."""
+        """Drafter logits (b, B - 1, V) for the block after `anchor`, given the new `context` (b, n, F * H).
+
+        `reach`: as in `_target_forward` (every block position is below it)."""
         cache, b = self.draft_cache, anchor.shape[0]
         block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchor.device)  # (b, B)
         mask_ids = torch.full((b, block_size - 1), self.drafter.config.mask_token_id, device=anchor.device)
         noise = self.embed(torch.cat([anchor[:, None], mask_ids], dim=1))  # (b, B, H)
-        cache.write_at(torch.cat([context_slots, block_pos], dim=1))
-        visible = torch.arange(cache.capacity, device=anchor.device) < (anchor_pos + block_size)[:, None]  # (b, T)
+        cache.write_at(torch.cat([context_slots, block_pos], dim=1), reach)
+        slot_ids = torch.arange(reach or cache.capacity, device=anchor.device)
+        visible = slot_ids < (anchor_pos + block_size)[:, None]  # (b, T)
         hidden = self.drafter(
             noise_embeds=noise,
             context_hidden_states=context,
@@ -195,7 +207,8 @@ class DFlashEngine:
         with watch.lap("prefill"):
             positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # (b, P) real positions
             slots = positions.masked_fill(mask == 0, self.target_cache.sink)  # pads go to the sink (same slot in both)
-            logits, features = self._target_forward(input_ids, positions, slots, logits_to_keep=1)
+            reach = None if self.compiled else prompt_len  # prefill positions are below the prompt's width
+            logits, features = self._target_forward(input_ids, positions, slots, logits_to_keep=1, reach=reach)
             first = rule.first_token(logits[:, -1], input_ids)  # (b,)
             rows = _Rows(
                 anchor=first,
@@ -210,6 +223,7 @@ class DFlashEngine:
             rows.tokens[:, 0] = first
         host = torch.stack([rows.done.long(), rows.generated, first], dim=1).tolist()  # per row [done, n, *tokens]
         generated = [0] * b  # host copy of rows.generated
+        prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
         costs = self._step_costs(rows, block_size) if verify_length == "auto" else None
         arange = torch.arange(block_size, device=device)
@@ -238,10 +252,13 @@ class DFlashEngine:
                 self.draft_cache.keep_rows(index)
                 host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
 
+            # eager steps read the cache only up to the furthest block (compiled ones keep the full shape)
+            furthest = max(prompt_lens[o] + n for o, n in zip(origin, generated, strict=True))  # > every anchor
+            reach = None if self.compiled else furthest + block_size
             step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
             with watch.lap("draft"):
                 draft_logits = step_draft(
-                    rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots, block_size
+                    rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots, block_size, reach
                 )  # (b, B - 1, V)
                 drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
             if verify_length == "auto":  # a second host sync: the width is a shape
@@ -251,7 +268,9 @@ class DFlashEngine:
             with watch.lap("verify"):
                 verify_ids = torch.cat([rows.anchor[:, None], drafts[:, : width - 1]], dim=1)  # (b, w)
                 positions = rows.anchor_pos[:, None] + arange[:width]  # (b, w)
-                logits, features = self._verify_step(verify_ids, positions, positions)  # (b, w, V), (b, w, F * H)
+                logits, features = self._verify_step(
+                    verify_ids, positions, positions, reach=reach
+                )  # (b, w, V), (b, w, FH)
                 prefixes = None
                 if rule.processors is not None:
                     prefixes = [

@@ -5,7 +5,8 @@ ragged writes: every row accepts its own number of tokens per step. Here slot ==
 forward the caller names the slot of every new token (`write_at`), the attention layers' `cache.update` scatters the
 new keys/values there, and the caller's 4D mask decides which slots each query sees. Rejected tokens are simply
 overwritten by the next step; nothing is ever concatenated or cropped. The last slot is a write-only sink for tokens
-that must not be kept (left padding, rejected context).
+that must not be kept (left padding, rejected context). A forward may read only the first `visible` slots (eager
+decoding: the tail no row has reached yet is skipped); compiled steps read them all.
 """
 
 from __future__ import annotations
@@ -34,13 +35,22 @@ class SlotLayer(CacheLayerMixin):
         """Nothing to do: the buffers are allocated in `__init__`."""
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, slots: torch.Tensor, *args, **kwargs
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        slots: torch.Tensor,
+        visible: int | None = None,
+        *args,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Writes `key_states`/`value_states` (b, kv_heads, t, d) at `slots` (b, t); returns the whole buffers."""
+        """Writes `key_states`/`value_states` (b, kv_heads, t, d) at `slots` (b, t); returns the buffers' first
+        `visible` slots (views; None: all of them)."""
         index = slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])  # (b, h, t, d)
         self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
         self.values.scatter_(2, index, value_states.to(self.values.dtype))
-        return self.keys, self.values
+        if visible is None:
+            return self.keys, self.values
+        return self.keys[:, :, :visible], self.values[:, :, :visible]
 
     def keep_rows(self, index: torch.Tensor | None) -> None:
         """Moves rows `index` to the front and narrows the cache to them; None restores every row."""
@@ -82,6 +92,7 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(shape, dtype, device) for _ in range(num_layers)])
         self.batch, self.capacity, self.dtype, self.device = batch, capacity, dtype, torch.device(device)
         self.slots = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        self.visible: int | None = None
 
     @classmethod
     def for_config(
@@ -109,15 +120,16 @@ class SlotCache(Cache):
         for layer in self.layers:
             layer.keep_rows(index)
 
-    def write_at(self, slots: torch.Tensor) -> None:
-        """Sets the (b, t) slots the next forward's t new tokens are written to."""
-        self.slots = slots
+    def write_at(self, slots: torch.Tensor, visible: int | None = None) -> None:
+        """Sets the (b, t) slots the next forward's t new tokens are written to, and how many leading slots its
+        attention reads (None: every slot, the fixed shape compiled steps need; fewer skips the unwritten tail)."""
+        self.slots, self.visible = slots, visible
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Called by the attention layers: scatters the new keys/values at `self.slots`."""
-        return self.layers[layer_idx].update(key_states, value_states, self.slots)
+        return self.layers[layer_idx].update(key_states, value_states, self.slots, self.visible)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Positions this cache can hold; rows fill it to different lengths, so callers pass `position_ids`."""

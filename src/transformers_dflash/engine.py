@@ -225,7 +225,8 @@ class DFlashEngine:
         generated = [0] * b  # host copy of rows.generated
         prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
-        costs = self._step_costs(rows, block_size) if verify_length == "auto" else None
+        reach = None if self.compiled else max(prompt_lens) + 1 + block_size  # the first step's (see the loop)
+        costs = self._step_costs(rows, block_size, reach) if verify_length == "auto" else None
         arange = torch.arange(block_size, device=device)
         compact = not self.compiled and rule.processors is None  # else the batch keeps its shape (fixed graphs,
         # or processors that hold per-row state such as each row's padding)
@@ -329,9 +330,9 @@ class DFlashEngine:
         rows.anchor, rows.anchor_pos = next_token, rows.anchor_pos + n_new
         return committed, n_new
 
-    def _step_costs(self, rows: _Rows, block_size: int) -> StepCosts:
-        """Seconds per step for each candidate verify width: measured once per batch and block size, then kept
-        across calls and corrected by the real steps.
+    def _step_costs(self, rows: _Rows, block_size: int, reach: int | None) -> StepCosts:
+        """Seconds per step for each candidate verify width: measured once per batch and block size (reading the
+        cache up to `reach`, as the first real step does), then kept across calls and corrected by the real steps.
 
         The measurement writes only slots at and after each row's anchor, which the real steps overwrite before
         reading."""
@@ -341,8 +342,10 @@ class DFlashEngine:
             context = rows.context.new_zeros(b, block_size, rows.context.shape[-1])
             sunk = torch.full_like(positions, self.draft_cache.sink)
             measured = measure_step_costs(
-                lambda: self._draft_step(rows.anchor, rows.anchor_pos, context, positions, sunk, block_size),
-                lambda w: self._verify_step(rows.anchor[:, None].expand(b, w), positions[:, :w], positions[:, :w]),
+                lambda: self._draft_step(rows.anchor, rows.anchor_pos, context, positions, sunk, block_size, reach),
+                lambda w: self._verify_step(
+                    rows.anchor[:, None].expand(b, w), positions[:, :w], positions[:, :w], reach=reach
+                ),
                 candidate_widths(block_size),
                 device,
             )

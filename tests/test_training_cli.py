@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +60,16 @@ def test_several_response_files_are_read_with_distinct_ids(tmp_path) -> None:
     )
 
 
+def write_responses(work: Path, rows: int) -> Path:
+    """A new work folder with `rows` random 30-token rows (8 prompt + 22 response tokens) in responses.jsonl."""
+    work.mkdir()
+    with (work / "responses.jsonl").open("w") as handle:
+        for i in range(rows):
+            ids = random_prompt(i, 30)[0].tolist()
+            handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
+    return work
+
+
 LAUNCHER = os.path.join(os.path.dirname(sys.executable), "accelerate")
 
 
@@ -66,12 +77,7 @@ LAUNCHER = os.path.join(os.path.dirname(sys.executable), "accelerate")
 def test_accelerate_launch_two_processes_trains_and_saves(tmp_path) -> None:
     target = make_target("llama")
     target.save_pretrained(tmp_path / "target")
-    work = tmp_path / "run"
-    work.mkdir()
-    with (work / "responses.jsonl").open("w") as handle:
-        for i in range(8):
-            ids = random_prompt(i, 30)[0].tolist()
-            handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
+    work = write_responses(tmp_path / "run", 8)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     common = ["--target", str(tmp_path / "target"), "--work-dir", str(work)]
     train = [
@@ -102,12 +108,7 @@ def test_init_from_starts_from_a_saved_drafter_and_refuses_another_targets(tmp_p
     init = make_drafter(target, block_size=4, num_layers=1, features=2)
     record_target(init.config, target)
     init.save_pretrained(tmp_path / "init")
-    work = tmp_path / "run"
-    work.mkdir()
-    with (work / "responses.jsonl").open("w") as handle:
-        for i in range(2):
-            ids = random_prompt(i, 30)[0].tolist()
-            handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
+    work = write_responses(tmp_path / "run", 2)
     flags = ["train", "--work-dir", str(work), "--init-from", str(tmp_path / "init"), "--num-anchors", "4"]
     flags += ["--epochs", "1", "--eval-prompts", "0", "--lr", "0", "--weight-decay", "0"]  # lr 0: weights unchanged
     main([*flags, "--target", str(tmp_path / "target")])

@@ -207,7 +207,7 @@ class DFlashEngine:
         with watch.lap("prefill"):
             positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # (b, P) real positions
             slots = positions.masked_fill(mask == 0, self.target_cache.sink)  # pads go to the sink (same slot in both)
-            reach = None if self.compiled else prompt_len  # prefill positions are below the prompt's width
+            reach = self._reach(prompt_len)  # prefill positions are below the prompt's width
             logits, features = self._target_forward(input_ids, positions, slots, logits_to_keep=1, reach=reach)
             first = rule.first_token(logits[:, -1], input_ids)  # (b,)
             rows = _Rows(
@@ -225,7 +225,7 @@ class DFlashEngine:
         generated = [0] * b  # host copy of rows.generated
         prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
-        reach = None if self.compiled else max(prompt_lens) + 1 + block_size  # the first step's (see the loop)
+        reach = self._reach(max(prompt_lens) + 1 + block_size)  # the first step's (see the loop)
         costs = self._step_costs(rows, block_size, reach) if verify_length == "auto" else None
         arange = torch.arange(block_size, device=device)
         compact = not self.compiled and rule.processors is None  # else the batch keeps its shape (fixed graphs,
@@ -253,9 +253,8 @@ class DFlashEngine:
                 self.draft_cache.keep_rows(index)
                 host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
 
-            # eager steps read the cache only up to the furthest block (compiled ones keep the full shape)
             furthest = max(prompt_lens[o] + n for o, n in zip(origin, generated, strict=True))  # > every anchor
-            reach = None if self.compiled else furthest + block_size
+            reach = self._reach(furthest + block_size)  # beyond the furthest block
             step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
             with watch.lap("draft"):
                 draft_logits = step_draft(
@@ -269,9 +268,8 @@ class DFlashEngine:
             with watch.lap("verify"):
                 verify_ids = torch.cat([rows.anchor[:, None], drafts[:, : width - 1]], dim=1)  # (b, w)
                 positions = rows.anchor_pos[:, None] + arange[:width]  # (b, w)
-                logits, features = self._verify_step(
-                    verify_ids, positions, positions, reach=reach
-                )  # (b, w, V), (b, w, FH)
+                # logits (b, w, V), features (b, w, F * H)
+                logits, features = self._verify_step(verify_ids, positions, positions, reach=reach)
                 prefixes = None
                 if rule.processors is not None:
                     prefixes = [
@@ -329,6 +327,11 @@ class DFlashEngine:
         rows.done |= (first_stop < n_new) | (rows.generated >= max_new_tokens)
         rows.anchor, rows.anchor_pos = next_token, rows.anchor_pos + n_new
         return committed, n_new
+
+    def _reach(self, slots: int) -> int | None:
+        """How many leading cache slots a step reads: `slots` (past every query position) when eager, so that the
+        tail no row has reached is skipped; None (the whole cache) when compiled, whose steps keep one shape."""
+        return None if self.compiled else slots
 
     def _step_costs(self, rows: _Rows, block_size: int, reach: int | None) -> StepCosts:
         """Seconds per step for each candidate verify width: measured once per batch and block size (reading the

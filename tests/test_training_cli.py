@@ -120,3 +120,11 @@ def test_init_from_starts_from_a_saved_drafter_and_refuses_another_targets(tmp_p
     assert read_state(checkpoint)["run_info"]["initialised from"] == str(tmp_path / "init")
     with pytest.raises(ValueError, match="trained for"):
         main([*flags, "--target", str(tmp_path / "other"), "--work-dir", str(tmp_path / "run2")])
+
+
+def test_target_runs_where_device_says(tmp_path) -> None:
+    make_target("llama").save_pretrained(tmp_path / "target")
+    auto = cli.load_target(build_parser().parse_args(["responses", "--target", str(tmp_path / "target")]))[0]
+    assert auto.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    flags = ["features", "--target", str(tmp_path / "target"), "--device", "meta"]  # any torch device name
+    assert cli.load_target(build_parser().parse_args(flags))[0].device.type == "meta"

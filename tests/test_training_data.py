@@ -86,6 +86,19 @@ def test_decontaminate_drops_copies_of_short_prompts():
     assert [p.id for p in D.decontaminate(items, bench)] == ["other"]
 
 
+def test_decontaminate_ignores_template_ngrams_shared_by_many_excluded_prompts():
+    # GSM8K prompts end in the same 12-word instruction: with a common last word, a 13-gram that says nothing
+    suffix = " left? Please reason step by step, and put your final answer within \\boxed{}."
+    earlier = [Prompt(f"gsm8k/{i}", "gsm8k", [f"Problem {i}: Ann has {i} apples and eats one. How many are" + suffix])
+               for i in range(12)]  # fmt: skip
+    items = [
+        Prompt("new", "gsm8k", ["Bob buys 7 pears and gives 2 away. How many pears are" + suffix]),
+        Prompt("copy", "gsm8k", earlier[3].turns),
+    ]
+    assert [p.id for p in D.decontaminate(items, earlier)] == ["new"]
+    assert [p.id for p in D.decontaminate(items, earlier[:9])] == []  # under 10 sharing prompts, still a match
+
+
 def test_interleave_keeps_the_mix_in_every_prefix():
     groups = [_prompts(60, "a"), _prompts(25, "b"), _prompts(15, "c")]
     merged = D.interleave(groups, [0.6, 0.25, 0.15])

@@ -31,6 +31,8 @@ TRAIN_FLAGS = {
     "num_anchors": "num_anchors",
     "gamma": "gamma",
     "labels": "labels",
+    "distill": "distill",
+    "top_k": "top_k",
     "restricted_vocab": "restricted_vocab",
     "mixed_precision": "mixed_precision",
     "gradient_checkpointing": "gradient_checkpointing",
@@ -81,6 +83,12 @@ def _common_flags() -> argparse.ArgumentParser:
     g.add_argument("--target-name", help="Hub id recorded in the drafter and its card (default: --target)")
     g.add_argument(
         "--dtype", default="float32", help="target dtype: float32 (CPU), bfloat16 (GPU) (default: %(default)s)"
+    )
+    g.add_argument(
+        "--device",
+        default="auto",
+        help="where the target runs in the responses and features stages: cpu, cuda, cuda:1, ... (auto: the GPU "
+        "when torch sees one; `train` places it with accelerate) (default: %(default)s)",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the prompt draw, data order, anchors, init")
     g.add_argument(
@@ -163,6 +171,15 @@ def _model_flags() -> argparse.ArgumentParser:
         "target did not write (e.g. reference answers); positions after the text departs from the target's "
         "greedy choice are dropped (default: %(default)s)",
     )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="features: also store the target's K most likely next tokens and their log-probabilities at each "
+        "position (soft labels for --distill; 6 bytes per token per K); train: how many of them --distill reads "
+        "(default: %(default)s)",
+    )
     return p
 
 
@@ -181,6 +198,15 @@ def _train_flags() -> argparse.ArgumentParser:
     )
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (paper; default: %(default)s)")
     g.add_argument("--num-anchors", type=int, default=32, help="blocks per sequence (paper 512; default: %(default)s)")
+    g.add_argument(
+        "--distill",
+        type=float,
+        default=0.0,
+        metavar="ALPHA",
+        help="weight in [0, 1] of distillation: cross-entropy against the target's top-K distribution at each "
+        "position, mixed with the hard-label loss; needs --top-k K (cached by `features --top-k K`, or online) "
+        "(default: %(default)s: hard labels only)",
+    )
     g.add_argument(
         "--gamma", type=float, help="loss decay exp(-(k-1)/gamma) (default: 7 for B16, 5 for B10, 4 for B8)"
     )

@@ -70,6 +70,12 @@ def labels_from_predictions(input_ids: torch.LongTensor, predictions: torch.Long
     return torch.cat([input_ids[:1], predictions[:-1]])
 
 
+def soft_labels_from_top_k(top_ids: torch.LongTensor, top_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, k) top-k per position -> (n, k) soft labels per position: position p gets the target's top-k at p - 1
+    (its distribution for the token at p), as `labels_from_predictions` does for the argmax. Row 0 is never read."""
+    return torch.cat([top_ids[:1], top_ids[:-1]]), torch.cat([top_logprobs[:1], top_logprobs[:-1]])
+
+
 def consistent_prefix(block_tokens: torch.LongTensor, block_labels: torch.LongTensor) -> torch.Tensor:
     """(m, B) bool: which block positions keep their label when labels are the target's argmax on foreign text.
 
@@ -129,6 +135,8 @@ class BlockBatch:
         anchors: (b, a) anchor positions (0 for padded blocks).
         num_blocks: (b,) real blocks per row.
         block_size: tokens per block (anchor included).
+        soft_ids: (b, q, k) the target's top-k candidates for each query's token (distillation), or None.
+        soft_logprobs: (b, q, k) their log-probabilities, or None.
 
     The attention mask is built from the anchors when asked for, dense or as a flex `BlockMask`: a trainer that
     uses one never builds (nor moves to its device) the other.
@@ -141,6 +149,8 @@ class BlockBatch:
     anchors: torch.LongTensor
     num_blocks: torch.LongTensor
     block_size: int
+    soft_ids: torch.LongTensor | None = None
+    soft_logprobs: torch.Tensor | None = None
 
     @property
     def context_len(self) -> int:
@@ -170,6 +180,7 @@ def build_block_batch(
     mask_token_id: int,
     weights: torch.Tensor,
     consistent: bool = False,
+    soft: list[tuple[torch.LongTensor, torch.Tensor]] | None = None,
 ) -> BlockBatch:
     """Packs the blocks of several sequences into one batch (context padded to the longest sequence).
 
@@ -183,6 +194,8 @@ def build_block_batch(
         weights: (block_size,) per-position loss weights from `loss_weights`.
         consistent: drop positions after the first disagreement of tokens and targets (`consistent_prefix`); use
             it when `targets` are the target's predictions.
+        soft: per sequence (n_i, k) top-k ids and log-probabilities aligned like `targets`
+            (`soft_labels_from_top_k`), for distillation; None for hard labels only.
 
     Padded blocks (rows with fewer anchors) have anchor 0, see no context, carry no loss; padded context
     positions are never visible since every real anchor lies inside its own sequence.
@@ -194,6 +207,9 @@ def build_block_batch(
     anchor_pad = torch.zeros(b, a, dtype=torch.long)
     noise = torch.full((b, a, block_size), mask_token_id, dtype=torch.long)
     labels = torch.full((b, a, block_size), IGNORE_INDEX, dtype=torch.long)
+    k = soft[0][0].shape[-1] if soft else 0
+    soft_ids = torch.zeros(b, a, block_size, k, dtype=torch.long)
+    soft_logprobs = torch.full((b, a, block_size, k), float("-inf"))
     for row, (ids, tgt, anc) in enumerate(zip(input_ids, targets, anchors, strict=True)):
         if anc.numel() and int(anc.max()) + block_size > ids.shape[0]:
             raise ValueError(
@@ -206,6 +222,9 @@ def build_block_batch(
         labels[row, :m, 1:] = tgt[block[:, 1:]]  # (m, B - 1): position k predicts the token at anchor + k
         if consistent:
             labels[row, :m][~consistent_prefix(ids[block], labels[row, :m])] = IGNORE_INDEX
+        if soft:
+            soft_ids[row, :m, 1:] = soft[row][0][block[:, 1:]]  # (m, B - 1, k)
+            soft_logprobs[row, :m, 1:] = soft[row][1][block[:, 1:]].float()
     num_blocks = torch.tensor([anc.shape[0] for anc in anchors])
     real = torch.arange(a)[None, :] < num_blocks[:, None]  # (b, a)
     block_weights = weights[None, None, :] * real[:, :, None] * (labels != IGNORE_INDEX)  # (b, a, B)
@@ -219,6 +238,8 @@ def build_block_batch(
         anchors=anchor_pad,
         num_blocks=num_blocks,
         block_size=block_size,
+        soft_ids=soft_ids.reshape(b, a * block_size, k) if soft else None,
+        soft_logprobs=soft_logprobs.reshape(b, a * block_size, k) if soft else None,
     )
 
 
@@ -235,4 +256,5 @@ __all__ = [
     "labels_from_predictions",
     "loss_weights",
     "sample_anchors",
+    "soft_labels_from_top_k",
 ]

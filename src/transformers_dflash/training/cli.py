@@ -40,13 +40,14 @@ def _target_name(args: argparse.Namespace) -> str:
 
 
 def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
-    """The frozen target and its tokenizer (None when the target folder has none) for --target."""
+    """The frozen target and its tokenizer (None when the target folder has none) for --target, on --device."""
     dtype = getattr(torch, args.dtype)
+    device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     if args.target == EMBEDDED:
         from ..zoo import load_embedded_target
 
-        return load_embedded_target(dtype=dtype)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
+        return load_embedded_target(dtype=dtype, device=device)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
     except (OSError, ValueError):
@@ -163,7 +164,7 @@ def _sequences(args: argparse.Namespace, block_size: int) -> list[TrainingSequen
 
 
 def stage_features(args: argparse.Namespace, target: PreTrainedModel, config: DFlashConfig) -> None:
-    """Caches the target features (and argmax, for --labels target) of every training sequence."""
+    """Caches the target features (and argmax for --labels target, top-k for --top-k) of every training sequence."""
     sequences = _sequences(args, config.block_size)
     build_feature_cache(
         target,
@@ -172,6 +173,7 @@ def stage_features(args: argparse.Namespace, target: PreTrainedModel, config: DF
         config.target_layer_ids,
         with_predictions=args.labels == "target",
         total=len(sequences),
+        top_k=args.top_k,
     )
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,9 +62,19 @@ def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
-def decontaminate(prompts: Iterable[Prompt], against: Iterable[Prompt], n: int = 13) -> list[Prompt]:
-    """Drop prompts that share a word ``n``-gram with any prompt of ``against`` (GPT-3-style overlap test)."""
-    banned = set().union(*(_ngrams(_key(p), n) for p in against))
+def decontaminate(
+    prompts: Iterable[Prompt], against: Iterable[Prompt], n: int = 13, boilerplate: int = 10
+) -> list[Prompt]:
+    """Drop prompts that share a word ``n``-gram with any prompt of ``against`` (GPT-3-style overlap test).
+
+    An ``n``-gram found in ``boilerplate`` or more distinct prompts of ``against`` is template text, not a leak, and
+    is ignored: GSM8K's 12-word instruction suffix plus a common last word ("... left? Please reason step by step,
+    ...") would otherwise ban every later GSM8K prompt that ends like an excluded one.
+    """
+    counts: Counter[tuple[str, ...]] = Counter()
+    for key in {_key(p) for p in against}:
+        counts.update(_ngrams(key, n))
+    banned = {gram for gram, count in counts.items() if count < boilerplate}
     return [p for p in prompts if not (_ngrams(_key(p), n) & banned)]
 
 

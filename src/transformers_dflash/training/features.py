@@ -2,14 +2,16 @@
 
 `capture_features` runs the target once (no grad) and returns the concatenated hidden states of
 `target_layer_ids` -- read through `hidden_state_indices`/`extract_context_features`, the same +1 offset inference
-uses -- and optionally the target's own argmax at every position from the same forward.
+uses -- and optionally, from the same forward, the target's own argmax at every position and its top-k
+log-probabilities (soft labels for distillation).
 
 `FeatureCacheWriter` / `FeatureCache` keep those features as fp16 shards on disk, memory-mapped when read, so
 several epochs reuse one target pass. Layout of a cache folder::
 
-    meta.json        {"width", "target_layer_ids", "predictions", "shard_tokens"}
+    meta.json        {"width", "target_layer_ids", "predictions", "top_k", "shard_tokens"}
     index.jsonl      one {"id", "shard", "row", "length"} per sequence, appended after its rows are on disk
     shard-00000.f16  raw float16 rows (tokens x width); shard-00000.i32 raw int32 argmax (with predictions)
+    shard-00000.topi.i32, shard-00000.topp.f16   top-k ids and log-probabilities (tokens x k, with top_k > 0)
 
 Writing is resumable: rows past the last indexed sequence (a killed run) are cut off and done ids skipped.
 """
@@ -38,10 +40,20 @@ class TargetFeatures:
     Attributes:
         hidden: (b, n, F * H) concatenated hidden states of the target layers (the drafter's context input).
         predictions: (b, n) the target's argmax at each position (its guess for the NEXT token), or None.
+        top_ids: (b, n, k) the target's k most likely next tokens at each position, or None.
+        top_logprobs: (b, n, k) their log-probabilities (full-vocabulary softmax), or None.
     """
 
     hidden: torch.Tensor
     predictions: torch.LongTensor | None = None
+    top_ids: torch.LongTensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+
+def _softcap(logits: torch.Tensor, target: PreTrainedModel) -> torch.Tensor:
+    """The target's final logit soft-capping (Gemma-style `tanh(x / c) * c`), when its config has one."""
+    cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+    return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 @torch.no_grad()
@@ -51,13 +63,14 @@ def capture_features(
     target_layer_ids: list[int],
     attention_mask: torch.Tensor | None = None,
     with_predictions: bool = False,
+    top_k: int = 0,
     head_chunk: int = 1024,
 ) -> TargetFeatures:
-    """Runs the frozen target on (b, n) `input_ids` and returns its features (and argmax when asked).
+    """Runs the frozen target on (b, n) `input_ids` and returns its features (and argmax / top-k when asked).
 
-    The decoder runs once with `output_hidden_states=hidden_state_indices(target_layer_ids)`; the argmax applies the
-    target's LM head to the final hidden state in chunks of `head_chunk` positions, so the (n, vocab) logits never
-    exist at once. (Argmax ignores monotone logit transforms such as soft-capping, so the head alone suffices.)
+    The decoder runs once with `output_hidden_states=hidden_state_indices(target_layer_ids)`; the argmax and the
+    top-k apply the target's LM head (and its logit soft-capping, if any) to the final hidden state in chunks of
+    `head_chunk` positions, so the (n, vocab) logits never exist at once. `top_k > 0` implies predictions.
     """
     decoder = target.get_decoder()
     out = decoder(
@@ -67,15 +80,35 @@ def capture_features(
         use_cache=False,
     )
     hidden = extract_context_features(out.hidden_states, target_layer_ids)  # (b, n, F * H)
-    if not with_predictions:
+    if not (with_predictions or top_k):
         return TargetFeatures(hidden)
     head = target.get_output_embeddings()
-    chunks = out.last_hidden_state.split(head_chunk, dim=1)  # each (b, <= chunk, H)
-    return TargetFeatures(hidden, torch.cat([head(chunk).argmax(dim=-1) for chunk in chunks], dim=1))
+    predictions, top_ids, top_logprobs = [], [], []
+    for chunk in out.last_hidden_state.split(head_chunk, dim=1):  # each (b, <= chunk, H)
+        logits = _softcap(head(chunk).float(), target)  # (b, <= chunk, V)
+        predictions.append(logits.argmax(dim=-1))
+        if top_k:
+            values, ids = logits.topk(top_k, dim=-1)  # each (b, <= chunk, k)
+            top_ids.append(ids)
+            top_logprobs.append(values - logits.logsumexp(dim=-1, keepdim=True))
+    if not top_k:
+        return TargetFeatures(hidden, torch.cat(predictions, dim=1))
+    return TargetFeatures(
+        hidden, torch.cat(predictions, dim=1), torch.cat(top_ids, dim=1), torch.cat(top_logprobs, dim=1)
+    )
 
 
-def _shard_paths(directory: Path, shard: int) -> tuple[Path, Path]:
-    return directory / f"shard-{shard:05d}.f16", directory / f"shard-{shard:05d}.i32"
+# Per-shard files: kind -> (file suffix, numpy dtype). Rows are tokens; widths come from the cache's meta.
+_SHARD_FILES = {
+    "hidden": ("f16", np.float16),
+    "predictions": ("i32", np.int32),
+    "top_ids": ("topi.i32", np.int32),
+    "top_logprobs": ("topp.f16", np.float16),
+}
+
+
+def _shard_path(directory: Path, shard: int, kind: str) -> Path:
+    return directory / f"shard-{shard:05d}.{_SHARD_FILES[kind][0]}"
 
 
 def _read_index(directory: Path) -> list[dict]:
@@ -94,6 +127,7 @@ class FeatureCacheWriter:
         width: F * H, the feature width.
         target_layer_ids: recorded in `meta.json` and checked on resume.
         predictions: also store the target's argmax per position.
+        top_k: also store the target's top-k ids and log-probabilities per position (implies predictions).
         shard_tokens: rows per shard file before a new one starts.
     """
 
@@ -103,22 +137,24 @@ class FeatureCacheWriter:
         width: int,
         target_layer_ids: list[int],
         predictions: bool = False,
+        top_k: int = 0,
         shard_tokens: int = 65536,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        meta = {"width": width, "target_layer_ids": list(target_layer_ids), "predictions": predictions}
+        predictions = predictions or top_k > 0
+        meta = {"width": width, "target_layer_ids": list(target_layer_ids), "predictions": predictions, "top_k": top_k}
         meta_path = self.directory / "meta.json"
         if meta_path.exists():
             found = json.loads(meta_path.read_text())
-            if {k: found.get(k) for k in meta} != meta:
+            if {k: found.get(k, 0 if k == "top_k" else None) for k in meta} != meta:
                 raise ValueError(
                     f"{self.directory} holds a feature cache for {found}, not {meta}; use another folder."
                 )
             shard_tokens = found["shard_tokens"]
         else:
             meta_path.write_text(json.dumps({**meta, "shard_tokens": shard_tokens}) + "\n")
-        self.width, self.predictions, self.shard_tokens = width, predictions, shard_tokens
+        self.width, self.predictions, self.top_k, self.shard_tokens = width, predictions, top_k, shard_tokens
         index = _read_index(self.directory)
         self.done = {entry["id"] for entry in index}
         last = index[-1] if index else {"shard": 0, "row": 0, "length": 0}
@@ -126,37 +162,48 @@ class FeatureCacheWriter:
         self._truncate_uncommitted()
         self._index = (self.directory / "index.jsonl").open("a", encoding="utf-8")
 
+    @property
+    def row_widths(self) -> dict[str, int]:
+        """Values per token of every file kind this cache stores."""
+        widths = {"hidden": self.width}
+        if self.predictions:
+            widths["predictions"] = 1
+        if self.top_k:
+            widths.update(top_ids=self.top_k, top_logprobs=self.top_k)
+        return widths
+
     def _truncate_uncommitted(self) -> None:
         """Cuts rows a killed run wrote after its last index entry, and removes later shards."""
-        hidden_path, pred_path = _shard_paths(self.directory, self.shard)
-        for path, itemsize in ((hidden_path, 2 * self.width), (pred_path, 4)):
+        for kind, width in self.row_widths.items():
+            path = _shard_path(self.directory, self.shard, kind)
             if path.exists():
                 with path.open("r+b") as handle:
-                    handle.truncate(self.rows * itemsize)
+                    handle.truncate(self.rows * width * np.dtype(_SHARD_FILES[kind][1]).itemsize)
         for path in self.directory.glob("shard-*"):
             if int(path.name[6:11]) > self.shard:
                 path.unlink()
 
-    def write(self, sequence_id: str, hidden: torch.Tensor, predictions: torch.Tensor | None = None) -> None:
-        """Appends (n, width) `hidden` (stored fp16) and (n,) `predictions` for `sequence_id`."""
-        if hidden.dim() != 2 or hidden.shape[1] != self.width:
-            raise ValueError(f"Expected features of shape (n, {self.width}), got {tuple(hidden.shape)}.")
-        if self.predictions != (predictions is not None):
-            raise ValueError(f"This cache {'stores' if self.predictions else 'does not store'} predictions.")
-        if self.rows and self.rows + hidden.shape[0] > self.shard_tokens:
+    def write(self, sequence_id: str, features: TargetFeatures) -> None:
+        """Appends the features of one sequence (batch 1, as `capture_features` returns them) for `sequence_id`."""
+        hidden = features.hidden
+        if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != self.width:
+            raise ValueError(f"Expected features of shape (1, n, {self.width}), got {tuple(hidden.shape)}.")
+        for kind, width in self.row_widths.items():
+            value = getattr(features, kind)
+            if value is None:
+                raise ValueError(f"This cache stores {kind} (top_k={self.top_k}); the features have none.")
+            if value.shape[1] != hidden.shape[1] or (kind.startswith("top") and value.shape[-1] != width):
+                raise ValueError(f"{kind} of shape {tuple(value.shape)} does not fit this cache (width {width}).")
+        if self.rows and self.rows + hidden.shape[1] > self.shard_tokens:
             self.shard, self.rows = self.shard + 1, 0
-        hidden_path, pred_path = _shard_paths(self.directory, self.shard)
-        with hidden_path.open("ab") as handle:
-            handle.write(hidden.detach().to("cpu", torch.float16).numpy().tobytes())
-            os.fsync(handle.fileno())
-        if predictions is not None:
-            with pred_path.open("ab") as handle:
-                handle.write(predictions.detach().to("cpu", torch.int32).numpy().tobytes())
+        for kind in self.row_widths:
+            with _shard_path(self.directory, self.shard, kind).open("ab") as handle:
+                handle.write(getattr(features, kind)[0].detach().cpu().numpy().astype(_SHARD_FILES[kind][1]).tobytes())
                 os.fsync(handle.fileno())
-        entry = {"id": sequence_id, "shard": self.shard, "row": self.rows, "length": hidden.shape[0]}
+        entry = {"id": sequence_id, "shard": self.shard, "row": self.rows, "length": hidden.shape[1]}
         self._index.write(json.dumps(entry) + "\n")
         self._index.flush()
-        self.rows += hidden.shape[0]
+        self.rows += hidden.shape[1]
         self.done.add(sequence_id)
 
     def close(self) -> None:
@@ -176,6 +223,7 @@ class FeatureCache:
         self.width: int = meta["width"]
         self.target_layer_ids: list[int] = meta["target_layer_ids"]
         self.has_predictions: bool = meta["predictions"]
+        self.top_k: int = meta.get("top_k", 0)
         self.entries = {entry["id"]: entry for entry in _read_index(self.directory)}
         self._maps: dict[tuple[int, str], np.memmap] = {}
 
@@ -187,23 +235,28 @@ class FeatureCache:
 
     def _map(self, shard: int, kind: str) -> np.memmap:
         if (shard, kind) not in self._maps:
-            hidden_path, pred_path = _shard_paths(self.directory, shard)
-            if kind == "hidden":
-                self._maps[shard, kind] = np.memmap(hidden_path, dtype=np.float16, mode="r").reshape(-1, self.width)
-            else:
-                self._maps[shard, kind] = np.memmap(pred_path, dtype=np.int32, mode="r")
+            width = {"hidden": self.width, "predictions": 1}.get(kind, self.top_k)
+            raw = np.memmap(_shard_path(self.directory, shard, kind), dtype=_SHARD_FILES[kind][1], mode="r")
+            self._maps[shard, kind] = raw.reshape(-1, width) if width > 1 else raw
         return self._maps[shard, kind]
 
     def get(self, sequence_id: str) -> TargetFeatures:
-        """(1, n, width) fp16 features (and (1, n) predictions when stored) of one sequence, copied out of the map."""
+        """One sequence's features, copied out of the maps: (1, n, width) fp16 hidden states, and when stored
+        (1, n) predictions and (1, n, k) top-k ids / fp16 log-probabilities."""
         entry = self.entries.get(sequence_id)
         if entry is None:
             raise KeyError(f"Sequence {sequence_id!r} is not in the feature cache {self.directory}; rerun `features`.")
         rows = slice(entry["row"], entry["row"] + entry["length"])
-        hidden = torch.from_numpy(np.array(self._map(entry["shard"], "hidden")[rows]))[None]
-        if not self.has_predictions:
-            return TargetFeatures(hidden)
-        return TargetFeatures(hidden, torch.from_numpy(np.array(self._map(entry["shard"], "pred")[rows])).long()[None])
+
+        def read(kind: str) -> torch.Tensor:
+            return torch.from_numpy(np.array(self._map(entry["shard"], kind)[rows]))[None]
+
+        found = TargetFeatures(read("hidden"))
+        if self.has_predictions:
+            found.predictions = read("predictions").long()
+        if self.top_k:
+            found.top_ids, found.top_logprobs = read("top_ids").long(), read("top_logprobs")
+        return found
 
 
 def build_feature_cache(
@@ -213,13 +266,14 @@ def build_feature_cache(
     target_layer_ids: list[int],
     with_predictions: bool = False,
     total: int | None = None,
+    top_k: int = 0,
 ) -> FeatureCache:
     """Runs the target once over `(id, token ids)` sequences and stores their features in `directory`.
 
     Resumable: ids already in the cache are skipped. Returns the cache opened for reading.
     """
     width = target.config.get_text_config().hidden_size * len(target_layer_ids)
-    writer = FeatureCacheWriter(directory, width, target_layer_ids, predictions=with_predictions)
+    writer = FeatureCacheWriter(directory, width, target_layer_ids, predictions=with_predictions, top_k=top_k)
     device = next(target.parameters()).device
     tokens, start = 0, time.perf_counter()
     try:
@@ -227,11 +281,13 @@ def build_feature_cache(
             for sequence_id, ids in bar:
                 if sequence_id in writer.done:
                     continue
-                feats = capture_features(
-                    target, torch.tensor([ids], device=device), target_layer_ids, with_predictions=with_predictions
+                ids_tensor = torch.tensor([ids], device=device)
+                writer.write(
+                    sequence_id,
+                    capture_features(
+                        target, ids_tensor, target_layer_ids, with_predictions=writer.predictions, top_k=top_k
+                    ),
                 )
-                preds = feats.predictions[0] if feats.predictions is not None else None
-                writer.write(sequence_id, feats.hidden[0], preds)
                 tokens += len(ids)
                 bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
     finally:
@@ -246,7 +302,8 @@ class FeatureSource:
     3-layer ablations).
 
     Returns features right-padded with zeros to the longest sequence (b, n_max, F * H) on `device`, with
-    predictions (b, n_max) when `with_predictions` (the cache must then hold them).
+    predictions (b, n_max) when `with_predictions` and the top-k (b, n_max, k) when `top_k` (the cache must then
+    hold them; a cache with a larger k serves a smaller one).
     """
 
     def __init__(
@@ -255,6 +312,7 @@ class FeatureSource:
         target_layer_ids: list[int],
         cache: FeatureCache | None = None,
         with_predictions: bool = False,
+        top_k: int = 0,
     ) -> None:
         self.layer_slots: list[int] | None = None  # which of the cache's layers the drafter reads, in its order
         if cache is not None:
@@ -266,10 +324,15 @@ class FeatureSource:
                 )
             if list(target_layer_ids) != cache.target_layer_ids:
                 self.layer_slots = [cache.target_layer_ids.index(layer) for layer in target_layer_ids]
-        if cache is not None and with_predictions and not cache.has_predictions:
-            raise ValueError("Target-argmax labels need predictions in the feature cache; rebuild it with them.")
+            if with_predictions and not cache.has_predictions:
+                raise ValueError("Target-argmax labels need predictions in the feature cache; rebuild it with them.")
+            if cache.top_k < top_k:
+                raise ValueError(
+                    f"Distillation reads the target's top-{top_k} per position, the feature cache holds the "
+                    f"top-{cache.top_k}; rebuild it with `features --top-k {top_k}` (or lower --top-k)."
+                )
         self.target, self.target_layer_ids = target, list(target_layer_ids)
-        self.cache, self.with_predictions = cache, with_predictions
+        self.cache, self.with_predictions, self.top_k = cache, with_predictions or top_k > 0, top_k
 
     def _select_layers(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, n, F_cache * H) cached features -> (b, n, F * H) of the drafter's layers (a cache may hold more)."""
@@ -294,7 +357,12 @@ class FeatureSource:
             for row, (_, seq) in enumerate(sequences):
                 ids[row, : seq.shape[0]] = seq
             return capture_features(
-                self.target, ids.to(device), self.target_layer_ids, mask.long().to(device), self.with_predictions
+                self.target,
+                ids.to(device),
+                self.target_layer_ids,
+                mask.long().to(device),
+                self.with_predictions,
+                top_k=self.top_k,
             )
         parts = [self.cache.get(sequence_id) for sequence_id, _ in sequences]
         for part, length, (sequence_id, _) in zip(parts, lengths, sequences, strict=True):
@@ -303,14 +371,15 @@ class FeatureSource:
                     f"Cached features of {sequence_id!r} cover {part.hidden.shape[1]} tokens, the sequence has "
                     f"{length}; the cache was built for other data or a shorter --max-seq-len."
                 )
-        hidden = torch.nn.utils.rnn.pad_sequence(
-            [p.hidden[0, :length] for p, length in zip(parts, lengths, strict=True)], batch_first=True
-        )  # (b, n, F_cache * H)
-        hidden = self._select_layers(hidden)  # (b, n, F * H)
-        predictions = None
+
+        def padded(kind: str) -> torch.Tensor:
+            rows = [getattr(p, kind)[0, :length] for p, length in zip(parts, lengths, strict=True)]
+            return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)  # (b, n, ...)
+
+        found = TargetFeatures(self._select_layers(padded("hidden")))  # (b, n, F * H)
         if self.with_predictions:
-            predictions = torch.nn.utils.rnn.pad_sequence(
-                [p.predictions[0, :length] for p, length in zip(parts, lengths, strict=True)], batch_first=True
-            )
-            predictions = predictions.to(device)
-        return TargetFeatures(hidden.to(device), predictions)
+            found.predictions = padded("predictions")  # (b, n)
+        if self.top_k:
+            found.top_ids = padded("top_ids")[..., : self.top_k]  # (b, n, k)
+            found.top_logprobs = padded("top_logprobs")[..., : self.top_k]
+        return found

@@ -30,6 +30,7 @@ from .blocks import (
     labels_from_predictions,
     loss_weights,
     sample_anchors,
+    soft_labels_from_top_k,
 )
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .evaluate import measure_tau
@@ -55,6 +56,9 @@ class TrainConfig:
         labels: "tokens" (the sequence's own next tokens: the target's greedy choices when responses were
             regenerated) or "target" (the target's argmax at each position, from the feature pass; a block position
             is then kept only while the text agreed with the target before it, see `blocks.consistent_prefix`).
+        distill: weight in [0, 1] of the soft-label term: cross-entropy against the target's top-k distribution
+            at each position (from the feature pass), mixed with the hard-label loss (see `objective`). 0 = off.
+        top_k: how many of the target's most likely tokens form the soft labels (needed when distill > 0).
         restricted_vocab: score the loss over the response vocabulary only (faster; inference keeps the full head).
         mixed_precision: "auto" (bf16 on a GPU that supports it, else fp32), "no", "bf16" or "fp16".
         gradient_checkpointing: recompute draft layers in backward to save memory.
@@ -79,6 +83,8 @@ class TrainConfig:
     num_anchors: int = 512
     gamma: float | None = None
     labels: str = "tokens"
+    distill: float = 0.0
+    top_k: int = 0
     restricted_vocab: bool = False
     mixed_precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -175,6 +181,8 @@ class DFlashTrainer:
             raise ValueError(f"labels must be 'tokens' or 'target', got {config.labels!r}.")
         if config.attention not in ("auto", "dense", "flex"):
             raise ValueError(f"attention must be 'auto', 'dense' or 'flex', got {config.attention!r}.")
+        if config.distill > 0 and config.top_k < 1:
+            raise ValueError("distill > 0 needs the target's top-k soft labels: set top_k (e.g. --top-k 16).")
         self.config, self.sequences = config, sequences
         self.eval_prompts, self.stop_token_ids = eval_prompts or [], stop_token_ids or []
         self.accelerator = Accelerator(
@@ -201,10 +209,16 @@ class DFlashTrainer:
         self.total_steps = self.plan.steps_per_epoch * config.epochs
         vocabulary = response_vocabulary(sequences, self.stop_token_ids) if config.restricted_vocab else None
         self.objective = DraftObjective(
-            target.get_input_embeddings(), target.get_output_embeddings(), self.block_size, vocabulary
+            target.get_input_embeddings(), target.get_output_embeddings(), self.block_size, vocabulary, config.distill
         ).to(device)
         self.weights = loss_weights(self.block_size, config.gamma)
-        self.features = FeatureSource(target, drafter.target_layer_ids, feature_cache, config.labels == "target")
+        self.features = FeatureSource(
+            target,
+            drafter.target_layer_ids,
+            feature_cache,
+            with_predictions=config.labels == "target",
+            top_k=config.top_k if config.distill > 0 else 0,
+        )
         if config.gradient_checkpointing:  # Transformers 5.24 renamed it activation checkpointing
             if hasattr(drafter, "activation_checkpointing_enable"):
                 drafter.activation_checkpointing_enable({"use_reentrant": False})
@@ -239,10 +253,18 @@ class DFlashTrainer:
         """The packed blocks and target features of sequences `indices` in `epoch`."""
         seqs = [self.sequences[i] for i in indices]
         feats = self.features([(s.id, s.input_ids) for s in seqs], self.accelerator.device)
+        by_target = self.config.labels == "target"
         targets = [s.input_ids for s in seqs]
-        if feats.predictions is not None:
+        if by_target:
             preds = feats.predictions.cpu()
             targets = [labels_from_predictions(s.input_ids, preds[r, : len(s.input_ids)]) for r, s in enumerate(seqs)]
+        soft = None
+        if feats.top_ids is not None:
+            top_ids, top_logprobs = feats.top_ids.cpu(), feats.top_logprobs.cpu()
+            soft = [
+                soft_labels_from_top_k(top_ids[r, : len(s.input_ids)], top_logprobs[r, : len(s.input_ids)])
+                for r, s in enumerate(seqs)
+            ]
         anchors = [
             sample_anchors(
                 len(s.input_ids), s.response_start, self.block_size, self.config.num_anchors,
@@ -257,7 +279,8 @@ class DFlashTrainer:
             self.block_size,
             self.mask_token_id,
             self.weights,
-            consistent=feats.predictions is not None,
+            consistent=by_target,
+            soft=soft,
         )
         return batch.to(self.accelerator.device), feats
 
@@ -270,7 +293,7 @@ class DFlashTrainer:
             attention_mask=batch.flex_mask() if self.flex else batch.attention_mask,
         ).last_hidden_state  # (b, q, H)
         with self.accelerator.autocast():
-            return self.objective(hidden, batch.labels, batch.weights)
+            return self.objective(hidden, batch.labels, batch.weights, batch.soft_ids, batch.soft_logprobs)
 
     def evaluate(self) -> dict[str, Any] | None:
         """tau on the held-out prompts (main process; the others wait). None without eval prompts."""

@@ -111,6 +111,16 @@ def _shard_path(directory: Path, shard: int, kind: str) -> Path:
     return directory / f"shard-{shard:05d}.{_SHARD_FILES[kind][0]}"
 
 
+def _row_widths(width: int, predictions: bool, top_k: int) -> dict[str, int]:
+    """Values per token of every file kind a cache with this layout stores (`_SHARD_FILES` order)."""
+    widths = {"hidden": width}
+    if predictions:
+        widths["predictions"] = 1
+    if top_k:
+        widths.update(top_ids=top_k, top_logprobs=top_k)
+    return widths
+
+
 def _read_index(directory: Path) -> list[dict]:
     path = directory / "index.jsonl"
     if not path.exists():
@@ -165,12 +175,7 @@ class FeatureCacheWriter:
     @property
     def row_widths(self) -> dict[str, int]:
         """Values per token of every file kind this cache stores."""
-        widths = {"hidden": self.width}
-        if self.predictions:
-            widths["predictions"] = 1
-        if self.top_k:
-            widths.update(top_ids=self.top_k, top_logprobs=self.top_k)
-        return widths
+        return _row_widths(self.width, self.predictions, self.top_k)
 
     def _truncate_uncommitted(self) -> None:
         """Cuts rows a killed run wrote after its last index entry, and removes later shards."""
@@ -224,6 +229,7 @@ class FeatureCache:
         self.target_layer_ids: list[int] = meta["target_layer_ids"]
         self.has_predictions: bool = meta["predictions"]
         self.top_k: int = meta.get("top_k", 0)
+        self.row_widths = _row_widths(self.width, self.has_predictions, self.top_k)
         self.entries = {entry["id"]: entry for entry in _read_index(self.directory)}
         self._maps: dict[tuple[int, str], np.memmap] = {}
 
@@ -235,7 +241,7 @@ class FeatureCache:
 
     def _map(self, shard: int, kind: str) -> np.memmap:
         if (shard, kind) not in self._maps:
-            width = {"hidden": self.width, "predictions": 1}.get(kind, self.top_k)
+            width = self.row_widths[kind]
             raw = np.memmap(_shard_path(self.directory, shard, kind), dtype=_SHARD_FILES[kind][1], mode="r")
             self._maps[shard, kind] = raw.reshape(-1, width) if width > 1 else raw
         return self._maps[shard, kind]
@@ -248,15 +254,11 @@ class FeatureCache:
             raise KeyError(f"Sequence {sequence_id!r} is not in the feature cache {self.directory}; rerun `features`.")
         rows = slice(entry["row"], entry["row"] + entry["length"])
 
-        def read(kind: str) -> torch.Tensor:
-            return torch.from_numpy(np.array(self._map(entry["shard"], kind)[rows]))[None]
-
-        found = TargetFeatures(read("hidden"))
-        if self.has_predictions:
-            found.predictions = read("predictions").long()
-        if self.top_k:
-            found.top_ids, found.top_logprobs = read("top_ids").long(), read("top_logprobs")
-        return found
+        found = {}
+        for kind in self.row_widths:
+            value = torch.from_numpy(np.array(self._map(entry["shard"], kind)[rows]))[None]
+            found[kind] = value.long() if _SHARD_FILES[kind][1] == np.int32 else value  # ids as torch indices
+        return TargetFeatures(**found)
 
 
 def build_feature_cache(

@@ -108,16 +108,18 @@ class DraftObjective(nn.Module):
         weights = weights * (labels >= 0)
         keep = weights > 0  # (b, q)
         logits = F.linear(hidden[keep], self.head_weight.to(hidden.dtype), self.head_bias)  # (N, V')
-        per_query = F.cross_entropy(logits.float(), labels[keep], reduction="none")  # (N,)
-        if self.distill > 0:
+        if self.distill == 0:
+            per_query = F.cross_entropy(logits.float(), labels[keep], reduction="none")  # (N,)
+        else:
             if soft_ids is None or soft_logprobs is None:
                 raise ValueError("distill > 0 needs the target's top-k soft labels (build the batch with `soft`).")
-            log_q = logits.float().log_softmax(dim=-1)  # (N, V')
+            log_q = logits.float().log_softmax(dim=-1)  # (N, V'): one softmax serves both terms
+            hard_ce = -log_q.gather(1, labels[keep][:, None])[:, 0]  # (N,)
             ids = self._remap(soft_ids[keep])  # (N, k)
             p = soft_logprobs[keep].float().exp() * (ids >= 0)  # (N, k): candidates outside the vocab dropped
             p = p / p.sum(dim=-1, keepdim=True).clamp_min(1e-8)
             soft_ce = -(p * log_q.gather(1, ids.clamp_min(0))).sum(dim=-1)  # (N,)
-            per_query = (1 - self.distill) * per_query + self.distill * soft_ce
+            per_query = (1 - self.distill) * hard_ce + self.distill * soft_ce
         w = weights[keep]
         loss = (per_query * w).sum() / w.sum().clamp_min(1e-8)
 

@@ -1,8 +1,8 @@
 """Held-out tau of several drafters for the embedded target on the same prompts, interleaved per prompt.
 
 Greedy, fp32; each prompt is decoded by every drafter in turn (so machine noise cannot favour one), and tau is
-reported per prompt source and overall, with a check that every drafter produced the same output (they must: the
-target decides). This is how stage 3 of the embedded drafter was compared with stage 2 (README, "Embedded default"):
+reported per prompt source and overall, with each drafter's tokens/s (the simple loop of `measure_tau`, not the engine)
+and a check that every drafter produced the same output (they must: the target decides). This is how stage 3 of the embedded drafter was compared with stage 2 (README, "Embedded default"):
 
     python benchmarks/compare_drafters.py runs/embedded/prompts.eval.jsonl --max-new-tokens 96 \
         stage2=/tmp/stage2-drafter stage3=model_cards/SmolLM2-135M-Instruct-DFlash-b16
@@ -40,6 +40,7 @@ def main() -> None:
     eos = [target.generation_config.eos_token_id]
     committed = defaultdict(float)  # (drafter, source) -> tokens committed over all verify steps
     steps = defaultdict(int)  # (drafter, source) -> verify steps
+    seconds, tokens = defaultdict(float), defaultdict(int)  # drafter -> decoding wall time, new tokens
     identical = 0
     prompts = load_prompts(f"jsonl:{args.prompts}")
     for prompt in tqdm(prompts, desc="prompts"):
@@ -51,11 +52,18 @@ def main() -> None:
                 committed[name, source] += result.tau * result.steps
                 steps[name, source] += result.steps
             outputs.add(tuple(result.outputs[0]))
+            seconds[name] += result.seconds
+            tokens[name] += result.new_tokens
         identical += len(outputs) == 1
     table: dict[str, dict[str, float]] = {name: {} for name in drafters}
     for (name, source), count in steps.items():
         table[name][source] = round(committed[name, source] / count, 3)
-    print(json.dumps({"tau": table, "identical_outputs": f"{identical}/{len(prompts)}"}, indent=1))
+    speed = {name: round(tokens[name] / seconds[name], 2) for name in drafters}
+    print(
+        json.dumps(
+            {"tau": table, "tokens_per_second": speed, "identical_outputs": f"{identical}/{len(prompts)}"}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}a: {% endif %}"
 )
-METHOD_SPECS = ["ar", "dflash", "dflash-native", "prompt-lookup", "assisted:tiny"]
+METHOD_SPECS = ["ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup", "assisted:tiny"]
 MAX_NEW = 16
 
 
@@ -94,7 +94,10 @@ def flip_method():
 
 def test_report_has_every_field(result):
     res, _ = result
-    labels = ["ar", "dflash@b4", "dflash@b2", "dflash-native@b4", "dflash-native@b2", "prompt-lookup", "assisted:tiny"]
+    labels = [
+        "ar", "dflash@b4", "dflash@b2", "dflash-auto@b4", "dflash-auto@b2", "dflash-native@b4", "dflash-native@b2",
+        "prompt-lookup", "assisted:tiny",
+    ]  # fmt: skip
     assert res.methods == labels and res.complete
     assert len(res.samples) == 3 * len(labels)  # 3 prompt turns
     for key in ("cpu", "cpu_count", "torch_threads", "torch", "transformers"):
@@ -111,9 +114,9 @@ def test_report_has_every_field(result):
             assert len(row.histogram) == row.block_size + 1
     for s in res.samples:
         assert s.new_tokens == len(s.output_ids) and 0 < s.new_tokens <= MAX_NEW and s.seconds > 0
-        if s.method.startswith(("dflash-native", "dflash@")):  # the prefill's token is not a verify step
+        if s.method.startswith(("dflash-native", "dflash@", "dflash-auto")):  # the prefill's token is no verify step
             assert sum(s.accept_lengths) == s.new_tokens - 1 and max(s.accept_lengths) <= s.block_size
-        if s.method.startswith("dflash@"):
+        if s.method.startswith(("dflash@", "dflash-auto")):
             assert {"time_to_first_token_s", "draft_s", "verify_s"} <= set(s.timings)
     # interleaved, rotating order; one seed per prompt turn shared by all methods
     firsts = [res.samples[i * len(labels)].method for i in range(3)]

@@ -116,11 +116,12 @@ def test_shipped_code_is_the_package_code_not_a_copy_kept_by_hand(tmp_path):
     make_drafter(make_target()).save_pretrained(tmp_path / "ours")
     for name in remote_code_modules():
         assert (tmp_path / "ours" / f"{name}.py").read_bytes() == (PACKAGE_DIR / f"{name}.py").read_bytes()
-    assert set(remote_code_modules()) == {"configuration_dflash", "modeling_dflash"}
+    assert set(remote_code_modules()) == {"configuration_dflash", "draft_vocab", "modeling_dflash"}
 
 
 def test_trust_remote_code_load_in_a_fresh_process(tmp_path):
     drafter = make_drafter(make_target())
+    drafter.set_draft_vocab(torch.tensor([4, 8, 15]))
     drafter.save_pretrained(tmp_path / "ours")
     expected = probe(drafter)
     torch.save(expected, tmp_path / "expected.pt")
@@ -131,6 +132,7 @@ assert "transformers_dflash" not in sys.modules
 m = AutoModel.from_pretrained({str(tmp_path / "ours")!r}, trust_remote_code=True).eval()
 assert type(m).__name__ == "DFlashDraftModel" and "transformers_modules" in type(m).__module__, type(m).__module__
 assert "transformers_dflash" not in sys.modules, "remote code must not need this package"
+assert m.draft_vocab.tolist() == [4, 8, 15]
 g = torch.Generator().manual_seed(0)
 block = torch.randn(1, 4, 32, generator=g); ctx = torch.randn(1, 5, m.fc.in_features, generator=g)
 with torch.no_grad():

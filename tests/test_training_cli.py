@@ -17,6 +17,7 @@ import torch
 from conftest import MASK, make_drafter, make_target, random_prompt
 from safetensors.torch import load_file
 
+from transformers_dflash.draft_vocab import load_draft_vocab
 from transformers_dflash.training import cli
 from transformers_dflash.training.checkpoint import list_checkpoints, read_state
 from transformers_dflash.training.cli import build_parser, main
@@ -99,6 +100,12 @@ def test_accelerate_launch_two_processes_trains_and_saves(tmp_path) -> None:
     assert (work / "export" / "README.md").is_file()
     weights = load_file(work / "export" / "model.safetensors")
     assert {w.dtype for w in weights.values()} == {torch.float16}
+    # the loss scored the response tokens (and eos) only: the exported drafter drafts over exactly those
+    responses = {
+        t for line in (work / "responses.jsonl").read_text().splitlines() for t in json.loads(line)["response_ids"]
+    }
+    vocab = set(load_draft_vocab(work / "export").tolist())
+    assert responses <= vocab and len(vocab - responses) <= 1
 
 
 def test_init_from_starts_from_a_saved_drafter_and_refuses_another_targets(tmp_path) -> None:
@@ -106,6 +113,7 @@ def test_init_from_starts_from_a_saved_drafter_and_refuses_another_targets(tmp_p
     target.save_pretrained(tmp_path / "target")
     other.save_pretrained(tmp_path / "other")
     init = make_drafter(target, block_size=4, num_layers=1, features=2)
+    init.set_draft_vocab(torch.tensor([90, 91]))
     record_target(init.config, target)
     init.save_pretrained(tmp_path / "init")
     work = write_responses(tmp_path / "run", 2)
@@ -118,6 +126,10 @@ def test_init_from_starts_from_a_saved_drafter_and_refuses_another_targets(tmp_p
     for name, weight in init.state_dict().items():
         assert torch.equal(saved[name], weight), name
     assert read_state(checkpoint)["run_info"]["initialised from"] == str(tmp_path / "init")
+    responses = {
+        t for line in (work / "responses.jsonl").read_text().splitlines() for t in json.loads(line)["response_ids"]
+    }
+    assert responses | {90, 91} <= set(load_draft_vocab(checkpoint).tolist())  # the init's vocabulary is kept
     with pytest.raises(ValueError, match="trained for"):
         main([*flags, "--target", str(tmp_path / "other"), "--work-dir", str(tmp_path / "run2")])
 

@@ -44,8 +44,9 @@ from .bench_report import (
 )
 from .integration import as_native_drafter, check_pair
 from .prompts import Prompt, apply_chat, load_prompts
+from .validation import parse_verify_length
 
-DEFAULT_METHODS = ("ar", "dflash", "dflash-native", "prompt-lookup")
+DEFAULT_METHODS = ("ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup")
 DEFAULT_DATASETS = ("gsm8k", "humaneval", "mt-bench")
 # A source checkout's sibling data folder (the GSM8K train split: fine for smoke runs, not held out from training).
 CHECKOUT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "gsm8k_train.jsonl"
@@ -289,15 +290,6 @@ def _gsm8k_path(given: str | None) -> str | None:
     return found or (str(CHECKOUT_GSM8K) if CHECKOUT_GSM8K.is_file() else None)
 
 
-def _verify_length(text: str) -> int | str | None:
-    """`--verify-length`: 'all' (None), 'auto', or a positive int."""
-    if text in ("all", "auto"):
-        return None if text == "all" else text
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise argparse.ArgumentTypeError(f"expected 'all', 'auto' or a positive int, got {text!r}")
-
-
 def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
@@ -333,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
     add(
         "--verify-length",
-        type=_verify_length,
+        type=parse_verify_length,
         default=None,
         help="dflash engine: drafts verified per step: 'all' (default), an int, or 'auto'",
     )

@@ -260,8 +260,10 @@ def _ar(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Ge
     return Generation(_new_ids(sequences, input_ids.shape[1]))
 
 
-@register_method("dflash", help="the fast DFlash engine (dflash_generate)", uses_block_size=True, needs_drafter=True)
-def _dflash(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Generation:
+def _engine_generate(
+    ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant, verify_length: int | str | None
+) -> Generation:
+    """The fast engine on one prompt turn, with its draft/verify time split."""
     from .engine import dflash_generate
 
     s = ctx.settings
@@ -274,13 +276,28 @@ def _dflash(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -
         top_p=s.top_p,
         top_k=s.top_k,
         block_size=variant.block_size,
-        verify_length=s.verify_length,
+        verify_length=verify_length,
         return_stats=True,
         compile=s.compile,
     )
     stats = out.stats
     timings = {"time_to_first_token_s": stats.prefill_s, "draft_s": stats.draft_s, "verify_s": stats.verify_s}
     return Generation(_new_ids(out.sequences, input_ids.shape[1]), stats.accept_lengths[0], timings)
+
+
+@register_method("dflash", help="the fast DFlash engine (dflash_generate)", uses_block_size=True, needs_drafter=True)
+def _dflash(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Generation:
+    return _engine_generate(ctx, input_ids, variant, ctx.settings.verify_length)
+
+
+@register_method(
+    "dflash-auto",
+    help="the fast engine verifying, per step, only the draft prefix worth its measured cost (verify_length='auto')",
+    uses_block_size=True,
+    needs_drafter=True,
+)
+def _dflash_auto(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Generation:
+    return _engine_generate(ctx, input_ids, variant, "auto")
 
 
 @register_method(

@@ -31,6 +31,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from .configuration_dflash import DFlashConfig
+from .draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
 
 # Transformers 5.24 renamed the output field `past_key_values` to `cache` (5.23 has only the old name).
 _OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -231,6 +232,8 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         self.fc = nn.Linear(config.num_features * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.gradient_checkpointing = False
+        # token ids it may draft (`draft_vocab.py`); None: the target's whole vocabulary. Kept out of the state dict
+        self.register_buffer("draft_vocab", None, persistent=False)
         self.post_init()
 
     @property
@@ -242,6 +245,11 @@ class DFlashDraftModel(DFlashPreTrainedModel):
     def mask_token_id(self) -> int | None:
         """Token id filling the masked block slots."""
         return self.config.mask_token_id
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Restricts drafting to token ids `ids` (sorted and deduplicated here; None: the whole vocabulary)."""
+        device = self.fc.weight.device
+        self.draft_vocab = None if ids is None else check_draft_vocab(ids, self.config.vocab_size).to(device)
 
     @property
     def target_layer_ids(self) -> list[int]:
@@ -350,9 +358,15 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         allow_pickle = kwargs.pop("allow_pickle", False)
         if not allow_pickle:
             kwargs.setdefault("use_safetensors", True)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with `output_loading_info=True`
+        model.set_draft_vocab(load_draft_vocab(pretrained_model_name_or_path, **kwargs))
+        return loaded
 
     def save_pretrained(self, save_directory: str, *args: Any, **kwargs: Any) -> None:
-        """Writes the z-lab layout (config.json, model.safetensors) and the `dflash.py` remote-code entry point."""
+        """Writes the z-lab layout (config.json, model.safetensors), the `dflash.py` remote-code entry point, and
+        `draft_vocab.safetensors` when the drafter has a draft vocabulary."""
         super().save_pretrained(save_directory, *args, **kwargs)
         _package_attribute("hub", "write_remote_code")(save_directory)
+        if self.draft_vocab is not None:
+            save_draft_vocab(self.draft_vocab, save_directory)

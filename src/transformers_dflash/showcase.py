@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine import dflash_generate
 from .modeling_dflash import DFlashDraftModel
+from .validation import parse_verify_length
 from .zoo import embedded_drafter_dir, load_embedded_target
 
 SHOWCASE_PROMPTS: list[tuple[str, str]] = [
@@ -63,8 +64,9 @@ def run_prompt(
     kind: str,
     text: str,
     max_new_tokens: int,
+    verify_length: int | str | None = "auto",
 ) -> ShowcaseRow:
-    """Plain greedy `generate`, then the DFlash engine, on one chat prompt."""
+    """Plain greedy `generate`, then the DFlash engine (verifying `verify_length` drafts per step), on one prompt."""
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
     )
@@ -75,7 +77,9 @@ def run_prompt(
             ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
         )
     ar_s = time.perf_counter() - start
-    result = dflash_generate(target, drafter, ids, max_new_tokens=max_new_tokens, return_stats=True)
+    result = dflash_generate(
+        target, drafter, ids, max_new_tokens=max_new_tokens, return_stats=True, verify_length=verify_length
+    )
     fast = result.sequences[:, : plain.shape[1]]
     new = plain.shape[1] - ids.shape[1]
     stats = result.stats
@@ -105,6 +109,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument(
+        "--verify-length",
+        type=parse_verify_length,
+        default="auto",
+        help="drafts the target verifies per step: 'auto' (default: the width worth its measured cost), 'all', or N",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
@@ -114,11 +124,12 @@ def main(argv: list[str] | None = None) -> None:
     target, tokenizer = load_embedded_target()
     drafter = DFlashDraftModel.from_pretrained(embedded_drafter_dir()).to(target.dtype).eval()
     print(f"target: {target.config.name_or_path or 'SmolLM2-135M-Instruct'}; drafter: {embedded_drafter_dir()}")
-    run_prompt(target, drafter, tokenizer, *SHOWCASE_PROMPTS[0], max_new_tokens=8)  # warm-up, not reported
+    print(f"verify length: {args.verify_length or 'all'} (--verify-length)")
+    run_prompt(target, drafter, tokenizer, *SHOWCASE_PROMPTS[0], 8, args.verify_length)  # warm-up, not reported
     rows = []
     print(f"\n{'kind':<6}{'new':>5}{'plain tok/s':>13}{'DFlash tok/s':>14}{'speed-up':>10}{'tau':>7}  identical")
     for kind, text in SHOWCASE_PROMPTS:
-        row = run_prompt(target, drafter, tokenizer, kind, text, args.max_new_tokens)
+        row = run_prompt(target, drafter, tokenizer, kind, text, args.max_new_tokens, args.verify_length)
         rows.append(row)
         print(
             f"{row.kind:<6}{row.new_tokens:>5}{row.ar_tokens_per_s:>13.1f}{row.dflash_tokens_per_s:>14.1f}"

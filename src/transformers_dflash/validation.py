@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
 from .integration import check_pair
+
+
+def parse_verify_length(text: str) -> int | str | None:
+    """A command-line `--verify-length`: 'all' (None: whole blocks), 'auto', or a positive int."""
+    if text in ("all", "auto"):
+        return None if text == "all" else text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 'all', 'auto' or a positive int, got {text!r}")
 
 
 def check_engine_pair(target: PreTrainedModel, drafter: nn.Module) -> None:

@@ -1,8 +1,8 @@
 """Atomic, resumable training checkpoints on top of `accelerate`'s `save_state` / `load_state`.
 
 A checkpoint `checkpoints/step-00000120/` holds what `Accelerator.save_state` writes (drafter weights, optimizer,
-scheduler, the RNG states of every process), the drafter's `config.json`, and `trainer_state.json` (step, epoch,
-wall time, ...). It is written into `step-00000120.tmp/` and renamed into place only when complete, so a killed
+scheduler, the RNG states of every process), the drafter's `config.json` (and `draft_vocab.safetensors` when it has
+one), and `trainer_state.json` (step, epoch, wall time, ...). It is written into `step-00000120.tmp/` and renamed into place only when complete, so a killed
 run never leaves a half checkpoint that resume would pick up.
 """
 
@@ -14,8 +14,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 from transformers import PretrainedConfig
+
+from ..draft_vocab import save_draft_vocab
 
 STATE_FILE = "trainer_state.json"
 _PREFIX = "step-"
@@ -53,6 +56,7 @@ def save_checkpoint(
     state: dict[str, Any],
     config: PretrainedConfig,
     keep: int | None = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> Path:
     """Writes a checkpoint atomically (every process must call this); keeps the newest `keep` ones.
 
@@ -63,6 +67,7 @@ def save_checkpoint(
         state: JSON-serialisable trainer state (written as `trainer_state.json`).
         config: the drafter's config, saved beside the weights so export needs nothing else.
         keep: how many checkpoints to keep (None: all).
+        draft_vocab: the drafter's draft vocabulary (`draft_vocab.py`), saved beside the weights when set.
     """
     final = checkpoint_dir(root, step)
     staging = final.with_name(final.name + ".tmp")
@@ -74,6 +79,8 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         config.save_pretrained(staging)
+        if draft_vocab is not None:
+            save_draft_vocab(draft_vocab, staging)
         (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)

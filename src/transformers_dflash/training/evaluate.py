@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from ..draft_vocab import DraftHead
 from ..modeling_dflash import DFlashDraftModel, extract_context_features, hidden_state_indices
 from ..verify import greedy_verify
 
@@ -55,7 +56,8 @@ def _generate_one(
     """Greedy speculative decoding of one prompt; returns (new tokens, committed tokens per verify step)."""
     device = next(target.parameters()).device
     layers, block = drafter.target_layer_ids, drafter.block_size
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    embed, head = target.get_input_embeddings(), DraftHead()
+    head.update(target.get_output_embeddings(), drafter.draft_vocab)
     target_cache, draft_cache = DynamicCache(config=target.config), DynamicCache()
     out = target(
         torch.tensor([prompt_ids], device=device),
@@ -71,7 +73,7 @@ def _generate_one(
         noise = embed(torch.cat([last[:, None], masks], dim=1))  # (1, B, H)
         drafted = drafter(noise_embeds=noise, context_hidden_states=context, cache=draft_cache).last_hidden_state
         draft_cache.crop(-block)  # keep only context keys/values
-        draft = head(drafted[:, 1:].to(head.weight.dtype)).argmax(dim=-1)  # (1, B - 1)
+        draft = head(drafted)[:, 1:].argmax(dim=-1)  # (1, B - 1), as the engine drafts
         out = target(
             torch.cat([last[:, None], draft], dim=1),
             **{_CACHE_KWARG: target_cache},

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from ..configuration_dflash import DFlashConfig
+from ..draft_vocab import load_draft_vocab
 from ..hub import target_fingerprint, write_model_card
 from ..modeling_dflash import DFlashDraftModel
 from .checkpoint import read_state
@@ -44,7 +45,8 @@ def record_target(config: DFlashConfig, target: PreTrainedModel, name_or_path: s
 
 
 def load_trained_drafter(checkpoint: str | Path) -> DFlashDraftModel:
-    """The drafter of a training checkpoint folder (its `config.json` and the weights `accelerate` saved)."""
+    """The drafter of a training checkpoint folder (its `config.json`, the weights `accelerate` saved, and its draft
+    vocabulary when it has one)."""
     checkpoint = Path(checkpoint)
     weights = checkpoint / WEIGHTS_FILE
     if not weights.is_file():
@@ -54,6 +56,7 @@ def load_trained_drafter(checkpoint: str | Path) -> DFlashDraftModel:
         )
     drafter = DFlashDraftModel(DFlashConfig.from_pretrained(checkpoint))
     drafter.load_state_dict(load_file(weights), strict=True)
+    drafter.set_draft_vocab(load_draft_vocab(checkpoint))
     return drafter.eval()
 
 

@@ -208,6 +208,9 @@ class DFlashTrainer:
             )
         self.total_steps = self.plan.steps_per_epoch * config.epochs
         vocabulary = response_vocabulary(sequences, self.stop_token_ids) if config.restricted_vocab else None
+        # the drafter drafts over what its loss scores (with a warm start, also over what earlier runs scored)
+        earlier = drafter.draft_vocab if vocabulary is not None and drafter.draft_vocab is not None else None
+        drafter.set_draft_vocab(vocabulary if earlier is None else torch.cat([earlier.cpu(), vocabulary]))
         self.objective = DraftObjective(
             target.get_input_embeddings(), target.get_output_embeddings(), self.block_size, vocabulary, config.distill
         ).to(device)
@@ -325,6 +328,7 @@ class DFlashTrainer:
             self.state,
             self.drafter_config,
             self.config.keep_checkpoints,
+            self.accelerator.unwrap_model(self.model).draft_vocab,
         )
 
     def resume(self) -> bool:

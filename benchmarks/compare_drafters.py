@@ -1,8 +1,9 @@
 """Held-out tau of several drafters for the embedded target on the same prompts, interleaved per prompt.
 
 Greedy, fp32; each prompt is decoded by every drafter in turn (so machine noise cannot favour one), and tau is
-reported per prompt source and overall, with each drafter's tokens/s (the simple loop of `measure_tau`, not the engine)
-and a check that every drafter produced the same output (they must: the target decides). This is how stage 3 of the embedded drafter was compared with stage 2 (README, "Embedded default"):
+reported per prompt source and overall, with each drafter's tokens/s (the simple loop of `measure_tau`, not the
+engine) and a check that every drafter produced the same output (they must: the target decides). This is how the
+stages of the embedded drafter were compared (README, "Embedded default"):
 
     python benchmarks/compare_drafters.py runs/embedded/prompts.eval.jsonl --max-new-tokens 96 \
         stage2=/tmp/stage2-drafter stage3=model_cards/SmolLM2-135M-Instruct-DFlash-b16

@@ -2,8 +2,8 @@
 
 A checkpoint `checkpoints/step-00000120/` holds what `Accelerator.save_state` writes (drafter weights, optimizer,
 scheduler, the RNG states of every process), the drafter's `config.json` (and `draft_vocab.safetensors` when it has
-one), and `trainer_state.json` (step, epoch, wall time, ...). It is written into `step-00000120.tmp/` and renamed into place only when complete, so a killed
-run never leaves a half checkpoint that resume would pick up.
+one), and `trainer_state.json` (step, epoch, wall time, ...). It is written into `step-00000120.tmp/` and renamed
+into place only when complete, so a killed run never leaves a half checkpoint that resume would pick up.
 """
 
 from __future__ import annotations

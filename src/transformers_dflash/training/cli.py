@@ -160,7 +160,17 @@ def _rows(args: argparse.Namespace, required: bool = True) -> list[dict]:
 
 
 def _sequences(args: argparse.Namespace, block_size: int) -> list[TrainingSequence]:
-    return sequences_from_responses(_rows(args), block_size, args.max_seq_len)
+    """The training sequences of the response rows; the summary counts rows too short to hold one block."""
+    rows = _rows(args)
+    sequences = sequences_from_responses(rows, block_size, args.max_seq_len)
+    short = len(rows) - len(sequences)
+    cut = f" (after --max-seq-len {args.max_seq_len})" if args.max_seq_len else ""
+    print(
+        f"dflash-train: {len(sequences)} training sequences from {len(rows)} response rows; {short} dropped: "
+        f"response shorter than one block of {block_size} tokens{cut}",
+        file=sys.stderr,
+    )
+    return sequences
 
 
 def stage_features(args: argparse.Namespace, target: PreTrainedModel, config: DFlashConfig) -> None:

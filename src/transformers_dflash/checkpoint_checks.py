@@ -121,7 +121,7 @@ def check_config_dict(config: dict[str, Any], where: str) -> None:
         )
 
 
-def _header(path: Path) -> dict[str, tuple[int, ...]]:
+def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape from a safetensors file's header, after checking that the file holds every byte."""
     size = path.stat().st_size
     damaged = f"{path} is damaged or truncated ({size} bytes)"
@@ -154,10 +154,10 @@ def weight_shapes(folder: Path, allow_pickle: bool) -> tuple[dict[str, tuple[int
         for shard in shards:
             if not (folder / shard).is_file():
                 raise FileNotFoundError(f"{folder / shard} (listed in {index.name}) is missing; fetch it again.")
-            shapes.update(_header(folder / shard))
+            shapes.update(read_safetensors_header(folder / shard))
         return shapes, SAFE_INDEX
     if (folder / SAFE_WEIGHTS).is_file():
-        return _header(folder / SAFE_WEIGHTS), SAFE_WEIGHTS
+        return read_safetensors_header(folder / SAFE_WEIGHTS), SAFE_WEIGHTS
     pickled = [name for name in PICKLE_WEIGHTS if (folder / name).is_file()]
     if pickled and allow_pickle:
         return None

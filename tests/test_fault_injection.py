@@ -192,7 +192,7 @@ def test_rows_too_short_for_a_block_are_counted_in_the_summary(tmp_path, capsys)
 def test_bad_engine_requests_are_refused_with_the_fix(pair) -> None:
     target, drafter = pair
     ids = random_prompt(0, 5)
-    with pytest.raises(ValueError, match=r"max_new_tokens must be an int >= 1 .*got None"):
+    with pytest.raises(ValueError, match=r"max_new_tokens must be >= 1, an int .*got None"):
         dflash_generate(target, drafter, ids, max_new_tokens=None)
     with pytest.raises(ValueError, match=r"integer token ids, got dtype torch\.float32.*ids\.long\(\)"):
         dflash_generate(target, drafter, ids.float(), max_new_tokens=4)

@@ -66,7 +66,8 @@ def test_feature_cache_round_trip_and_resume(tmp_path) -> None:
         assert torch.equal(stored.predictions, online.predictions)
         assert torch.equal(online.predictions[0], target(torch.tensor([ids])).logits[0].argmax(-1))
     build_feature_cache(target, seqs, tmp_path / "straight", layers, with_predictions=True)
-    for name in ("index.jsonl", "meta.json", "shard-00000.f16", "shard-00000.i32"):  # killed + resumed == uninterrupted
+    # killed and resumed == uninterrupted, byte for byte
+    for name in ("index.jsonl", "meta.json", "shard-00000.f16", "shard-00000.i32"):
         assert (tmp_path / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
 
 

@@ -77,7 +77,7 @@ def check_request(
         raise ValueError("The batch is right-padded; decoder-only batches must be left-padded: padding_side='left'.")
     if not isinstance(max_new_tokens, Integral) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
         raise ValueError(
-            f"max_new_tokens must be an int >= 1 (the engine preallocates its caches for it), got {max_new_tokens!r}."
+            f"max_new_tokens must be >= 1, an int (the engine preallocates its caches for it), got {max_new_tokens!r}."
         )
     limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
     longest = int(lengths.max())

@@ -65,6 +65,10 @@ def test_feature_cache_round_trip_and_resume(tmp_path) -> None:
         torch.testing.assert_close(stored.hidden.float(), online.hidden, atol=2e-2, rtol=1e-2)  # fp16 on disk
         assert torch.equal(stored.predictions, online.predictions)
         assert torch.equal(online.predictions[0], target(torch.tensor([ids])).logits[0].argmax(-1))
+    build_feature_cache(target, seqs, tmp_path / "straight", layers, with_predictions=True)
+    # killed and resumed == uninterrupted, byte for byte
+    for name in ("index.jsonl", "meta.json", "shard-00000.f16", "shard-00000.i32"):
+        assert (tmp_path / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
 
 
 def test_feature_source_reads_a_subset_of_the_cached_layers(tmp_path) -> None:

@@ -193,6 +193,10 @@ def test_resume_skips_done_ids_and_repairs_a_cut_line(tokenizer, target, tmp_pat
     assert calls == [2]  # only src-4 and src-5
     assert rows[:4] == first and sorted(r["id"] for r in rows[4:]) == ["src-4", "src-5"]
     assert all(line.startswith("{") for line in path.read_text().splitlines())
+    monkeypatch.setattr(target, "generate", generate)
+    straight = D.regenerate_responses(target, tokenizer, prompts, tmp_path / "s.jsonl", batch_size=2, max_new_tokens=4)
+    by_id = {r["id"]: r for r in D.read_responses(straight)}
+    assert {r["id"]: r for r in rows} == by_id  # the killed and resumed run wrote what an uninterrupted one writes
     with pytest.raises(ValueError, match="unique"):
         D.regenerate_responses(target, tokenizer, prompts + prompts[:1], path)
 

@@ -7,6 +7,7 @@ Importing the package registers `DFlashConfig` / `DFlashDraftModel` with the Aut
 from transformers import AutoConfig, AutoModel
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
+from .custom_generate import install_tokenizer_passthrough
 from .engine import dflash_generate, fast_generate
 from .integration import check_pair, install_generate_hook
 from .modeling_dflash import DFlashDraftModel, extract_context_features, hidden_state_indices
@@ -14,6 +15,7 @@ from .modeling_dflash import DFlashDraftModel, extract_context_features, hidden_
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
 install_generate_hook()
+install_tokenizer_passthrough()
 
 __all__ = [
     "DFlashConfig",

@@ -7,6 +7,7 @@ engine. Transformers drops a kwarg named `assistant_model` on that path, hence `
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -19,6 +20,7 @@ from transformers import (
     LogitsProcessorList,
     MaxLengthCriteria,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     StoppingCriteriaList,
 )
 from transformers.generation.streamers import BaseStreamer
@@ -38,6 +40,28 @@ def _generate_streamer() -> BaseStreamer | None:
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     return None if frame is None else frame.f_locals.get("streamer")
+
+
+def install_tokenizer_passthrough() -> None:
+    """Lets a callable `custom_generate` that declares `tokenizer` receive it, so `stop_strings` work (idempotent).
+
+    Transformers (5.23, 5.24) pops `tokenizer` from generate's kwargs and then, for a callable `custom_generate`,
+    replaces the generation-mode kwargs with the callable's own extra parameters, read from kwargs that no longer
+    hold it: the tokenizer is lost and `stop_strings` fail with "could not locate a tokenizer". This puts it back
+    for callables that declare it (`fast_generate` does); versions without the method are left alone.
+    """
+    original = getattr(GenerationMixin, "_extract_generation_mode_kwargs", None)
+    if original is None or getattr(original, "_dflash_tokenizer_passthrough", False):
+        return
+
+    @functools.wraps(original)
+    def extract(self: PreTrainedModel, custom_generate: Any, kwargs: dict, *args: Any, **rest: Any) -> dict:
+        declared = inspect.signature(custom_generate).parameters if callable(custom_generate) else {}
+        kept = {k: kwargs[k] for k in ("tokenizer", "assistant_tokenizer") if k in declared and k in kwargs}
+        return {**kept, **original(self, custom_generate, kwargs, *args, **rest)}
+
+    extract._dflash_tokenizer_passthrough = True  # type: ignore[attr-defined]
+    GenerationMixin._extract_generation_mode_kwargs = extract
 
 
 def cut_at_criteria(
@@ -68,6 +92,7 @@ def fast_generate(
     block_size: int | None = None,
     verify_length: int | str | None = None,
     draft: str = "sample",
+    tokenizer: PreTrainedTokenizerBase | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | GenerateDecoderOnlyOutput:
     """`model.generate(**inputs, custom_generate=fast_generate, drafter=drafter, ...)`: this engine inside generate.
@@ -80,6 +105,8 @@ def fast_generate(
     Args:
         drafter: the DFlash drafter (required).
         block_size, verify_length, draft: as in [`dflash_generate`].
+        tokenizer: the `tokenizer` given to `generate`; declared so that generate builds its `stop_strings`
+            criteria with it (see `install_tokenizer_passthrough`); they arrive in `stopping_criteria`.
     """
     if drafter is None:
         raise ValueError(

@@ -13,6 +13,7 @@ Parameter names are those of the published z-lab checkpoints (`layers.{i}.self_a
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
+from .checkpoint_checks import check_finite, check_path, check_weights_cover, weight_shapes
 from .configuration_dflash import DFlashConfig
 from .draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
 
@@ -354,14 +356,34 @@ class DFlashDraftModel(DFlashPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, *args: Any, **kwargs: Any) -> DFlashDraftModel:
-        """Loads a z-lab-layout or our own checkpoint; safetensors only unless `allow_pickle=True` is passed."""
+        """Loads a z-lab-layout or our own checkpoint; safetensors only unless `allow_pickle=True` is passed.
+
+        A local folder is checked before anything is allocated (config, weight file header, every tensor the config
+        needs, see `checkpoint_checks`) and the loaded weights must be finite.
+        """
         allow_pickle = kwargs.pop("allow_pickle", False)
         if not allow_pickle:
             kwargs.setdefault("use_safetensors", True)
+        folder = check_path(pretrained_model_name_or_path)
+        if folder is not None:
+            cls._check_folder(folder, kwargs.get("config"), allow_pickle)
         loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with `output_loading_info=True`
+        check_finite(model, str(pretrained_model_name_or_path))
         model.set_draft_vocab(load_draft_vocab(pretrained_model_name_or_path, **kwargs))
         return loaded
+
+    @staticmethod
+    def _check_folder(folder: Path, config: DFlashConfig | None, allow_pickle: bool) -> None:
+        """Refuses a local checkpoint folder whose config or weight file cannot make this drafter (nothing is
+        allocated: the expected shapes come from a model built on the meta device)."""
+        config = DFlashConfig.from_config(config) if config is not None else DFlashConfig.from_pretrained(folder)
+        found = weight_shapes(folder, allow_pickle)
+        if found is None:  # pickle weights, allowed: Transformers reports what they lack
+            return
+        with torch.device("meta"):
+            expected = {name: tuple(t.shape) for name, t in DFlashDraftModel(config).state_dict().items()}
+        check_weights_cover(found[0], expected, str(folder / found[1]), config)
 
     def save_pretrained(self, save_directory: str, *args: Any, **kwargs: Any) -> None:
         """Writes the z-lab layout (config.json, model.safetensors), the `dflash.py` remote-code entry point, and

@@ -10,7 +10,6 @@ and ``stdlib`` sets are built from ShareGPT and the Python standard library inst
 
 from __future__ import annotations
 
-import gzip
 import importlib
 import importlib.util
 import inspect
@@ -26,6 +25,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .jsonl import read_jsonl, require_fields
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -66,11 +67,8 @@ def _package_dir(module: str, distribution: str) -> Path:
 
 
 def _read_jsonl(path: Path) -> Iterator[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield json.loads(line)
+    for _, row in read_jsonl(path):
+        yield row
 
 
 def load_gsm8k(path: str | None = None) -> list[Prompt]:
@@ -82,9 +80,12 @@ def load_gsm8k(path: str | None = None) -> list[Prompt]:
     path = path or os.environ.get("DFLASH_GSM8K")
     if not path:
         raise ValueError("GSM8K needs a JSONL file: pass path=... (e.g. gsm8k_train.jsonl) or set DFLASH_GSM8K.")
+    rows = read_jsonl(path)
+    for number, row in rows:
+        require_fields(path, number, row, {"question": str}, 'GSM8K rows are {"question", "answer"}.')
     return [
         Prompt(f"gsm8k-{i}", "gsm8k", [row["question"].strip() + GSM8K_SUFFIX], row.get("answer"))
-        for i, row in enumerate(_read_jsonl(Path(path)))
+        for i, (_, row) in enumerate(rows)
     ]
 
 
@@ -282,11 +283,12 @@ def _row_turns(row: dict[str, Any], where: str) -> list[str]:
     )
 
 
-def _rows_to_prompts(rows: Iterable[dict[str, Any]], name: str, where: str) -> list[Prompt]:
-    """Prompts from rows in the generic format; ``id``, ``dataset`` and ``reference``/``answer`` are optional."""
+def _rows_to_prompts(rows: Iterable[tuple[int, dict[str, Any]]], name: str, where: str) -> list[Prompt]:
+    """Prompts from (line number, row) pairs in the generic format; ``id``, ``dataset`` and ``reference``/``answer``
+    are optional."""
     prompts = []
-    for i, row in enumerate(rows):
-        turns = _row_turns(row, f"{where}:{i + 1}")
+    for i, (number, row) in enumerate(rows):
+        turns = _row_turns(row, f"{where}:{number}")
         reference = row.get("reference", row.get("answer"))
         prompts.append(Prompt(str(row.get("id", f"{name}-{i}")), row.get("dataset", name), turns, reference))
     return prompts
@@ -300,7 +302,7 @@ def load_jsonl(path: str) -> list[Prompt]:
     (default: the file stem) and ``reference``/``answer``. :func:`write_prompts` writes this format.
     """
     file = Path(path)
-    return _rows_to_prompts(_read_jsonl(file), file.stem, str(file))
+    return _rows_to_prompts(read_jsonl(file), file.stem, str(file))
 
 
 def load_hub(spec: str) -> list[Prompt]:
@@ -321,7 +323,7 @@ def load_hub(spec: str) -> list[Prompt]:
         raise ValueError(
             f"hub:{spec} could not be loaded ({exc}); it needs network access (unset HF_HUB_OFFLINE)."
         ) from exc
-    return _rows_to_prompts(rows, repo.rsplit("/", 1)[-1], f"hub:{spec}")
+    return _rows_to_prompts(enumerate(rows, start=1), repo.rsplit("/", 1)[-1], f"hub:{spec}")
 
 
 def write_prompts(prompts: list[Prompt], path: str | Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from numbers import Integral
 
 import torch
 from torch import nn
@@ -51,6 +52,18 @@ def check_request(
         raise ValueError("input_ids must be a (batch, length) tensor of token ids; for one prompt use ids[None].")
     if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
         raise ValueError(f"The prompt is empty (input_ids of shape {tuple(input_ids.shape)}); give >= 1 token.")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(
+            f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the tokenizer's ids "
+            "(torch.long), e.g. ids.long() if they were converted."
+        )
+    vocab = target.get_input_embeddings().num_embeddings
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"input_ids hold token ids {low}..{high}, outside the target's vocabulary [0, {vocab}); they come from "
+            "another tokenizer: encode the prompt with the target's own tokenizer."
+        )
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
     if mask.shape != input_ids.shape:
         raise ValueError(
@@ -62,8 +75,10 @@ def check_request(
         raise ValueError("A prompt of the batch is empty (its attention_mask is all 0); give each row >= 1 token.")
     if bool((mask[:, 1:] < mask[:, :-1]).any()):
         raise ValueError("The batch is right-padded; decoder-only batches must be left-padded: padding_side='left'.")
-    if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    if not isinstance(max_new_tokens, Integral) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+        raise ValueError(
+            f"max_new_tokens must be >= 1, an int (the engine preallocates its caches for it), got {max_new_tokens!r}."
+        )
     limit = getattr(target.config.get_text_config(), "max_position_embeddings", None)
     longest = int(lengths.max())
     if limit is not None and longest + max_new_tokens > limit:

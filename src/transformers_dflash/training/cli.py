@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..configuration_dflash import DFlashConfig
+from ..configuration_dflash import DFlashConfig, default_target_layer_ids
 from ..integration import check_pair
 from ..modeling_dflash import DFlashDraftModel
 from ..prompts import load_prompts, write_prompts
@@ -24,6 +24,7 @@ from .arguments import EMBEDDED, STAGES, TRAIN_FLAGS, build_parser
 from .checkpoint import latest_checkpoint
 from .export import export_drafter, record_target
 from .features import FeatureCache, build_feature_cache
+from .resume import check_shape_flags
 from .sequences import TrainingSequence, sequences_from_responses
 from .trainer import DFlashTrainer, TrainConfig
 
@@ -69,7 +70,13 @@ def drafter_config(
     """The newest checkpoint's drafter config when resuming, else --init-from's, else one shaped by the flags."""
     found = latest_checkpoint(_work(args, "checkpoints"))
     if found is not None:
-        return DFlashConfig.from_pretrained(found)
+        config = DFlashConfig.from_pretrained(found)
+        if not args.init_from:  # with --init-from the shape comes from there, not from these flags
+            flags = {"block_size": args.block_size, "num_hidden_layers": args.draft_layers}
+            features = len(default_target_layer_ids(config.num_target_layers, args.target_features))  # shallow targets
+            flags.update(num_features=features, mask_token_id=args.mask_token_id)
+            check_shape_flags(found, config, flags)
+        return config
     if args.init_from:
         config = DFlashConfig.from_pretrained(args.init_from)
         if not (config.dflash_config or {}).get("target"):  # e.g. a z-lab checkpoint: record the target now
@@ -160,7 +167,17 @@ def _rows(args: argparse.Namespace, required: bool = True) -> list[dict]:
 
 
 def _sequences(args: argparse.Namespace, block_size: int) -> list[TrainingSequence]:
-    return sequences_from_responses(_rows(args), block_size, args.max_seq_len)
+    """The training sequences of the response rows; the summary counts rows too short to hold one block."""
+    rows = _rows(args)
+    sequences = sequences_from_responses(rows, block_size, args.max_seq_len)
+    short = len(rows) - len(sequences)
+    cut = f" (after --max-seq-len {args.max_seq_len})" if args.max_seq_len else ""
+    print(
+        f"dflash-train: {len(sequences)} training sequences from {len(rows)} response rows; {short} dropped: "
+        f"response shorter than one block of {block_size} tokens{cut}",
+        file=sys.stderr,
+    )
+    return sequences
 
 
 def stage_features(args: argparse.Namespace, target: PreTrainedModel, config: DFlashConfig) -> None:

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..jsonl import read_jsonl, require_fields
 from ..prompts import Prompt, apply_chat
 
 
@@ -178,20 +179,20 @@ def build_prompt_mix(
     return train, evals
 
 
+RESPONSE_FIELDS = {"id": object, "prompt_ids": list, "response_ids": list}
+
+
 def read_responses(path: str | Path) -> list[dict]:
-    """Rows of a regeneration JSONL file; a truncated last line (a run killed mid-write) is ignored."""
+    """Rows of a regeneration JSONL file ([] when there is none); a truncated last line (a run killed mid-write) is
+    dropped with a notice, a bad line or a row without `id` / `prompt_ids` / `response_ids` is refused (file, line)."""
     path = Path(path)
     if not path.exists():
         return []
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                if line.endswith("\n"):
-                    raise
-    return rows
+    rows = read_jsonl(path)
+    fix = "each row needs id, prompt_ids and response_ids (lists of token ids), as the responses stage writes them."
+    for number, row in rows:
+        require_fields(path, number, row, RESPONSE_FIELDS, fix)
+    return [row for _, row in rows]
 
 
 def _open_for_append(path: Path) -> IO[str]:

@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
+from ..configuration_dflash import DFlashConfig
 from ..modeling_dflash import DFlashDraftModel
 from .blocks import (
     BlockBatch,
@@ -32,10 +33,11 @@ from .blocks import (
     sample_anchors,
     soft_labels_from_top_k,
 )
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from .evaluate import measure_tau
 from .features import FeatureCache, FeatureSource, TargetFeatures
 from .objective import DraftObjective, ObjectiveOutput
+from .resume import check_drafter_config, check_train_config, trim_log
 from .sequences import EpochPlan, TrainingSequence, response_vocabulary
 
 LOG_FILE = "train_log.jsonl"
@@ -241,6 +243,7 @@ class DFlashTrainer:
         self.output_dir = Path(config.output_dir)
         run_info = {**(run_info or {}), "hardware": _hardware(self.accelerator), "features": self.features.kind}
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "wall_seconds": 0.0, "evals": [], "run_info": run_info}
+        self.state["data"] = {"sequences": len(sequences)}
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -332,11 +335,20 @@ class DFlashTrainer:
         )
 
     def resume(self) -> bool:
-        """Loads the newest checkpoint of `output_dir` if there is one; True when it did."""
+        """Loads the newest complete checkpoint of `output_dir` if there is one; True when it did.
+
+        The resume rule (`resume.py`): a checkpoint written under other settings or another drafter shape is
+        refused, and the log is cut back to the checkpoint's step.
+        """
         found = latest_checkpoint(self.checkpoints_dir)
         if found is None:
             return False
+        check_train_config(found, read_state(found), asdict(self.config), len(self.sequences))
+        check_drafter_config(found, DFlashConfig.from_pretrained(found), self.drafter_config)
         self.state = load_checkpoint(self.accelerator, found)
+        if self.accelerator.is_main_process:
+            trim_log(self.output_dir / LOG_FILE, self.state["step"])
+        self.accelerator.wait_for_everyone()
         return True
 
     def _due(self, every: int, step: int) -> bool:

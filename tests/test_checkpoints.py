@@ -116,7 +116,7 @@ def test_shipped_code_is_the_package_code_not_a_copy_kept_by_hand(tmp_path):
     make_drafter(make_target()).save_pretrained(tmp_path / "ours")
     for name in remote_code_modules():
         assert (tmp_path / "ours" / f"{name}.py").read_bytes() == (PACKAGE_DIR / f"{name}.py").read_bytes()
-    assert set(remote_code_modules()) == {"configuration_dflash", "draft_vocab", "modeling_dflash"}
+    assert set(remote_code_modules()) == {"compat", "configuration_dflash", "draft_vocab", "modeling_dflash"}
 
 
 def test_trust_remote_code_load_in_a_fresh_process(tmp_path):

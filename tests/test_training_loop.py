@@ -10,7 +10,7 @@ from conftest import make_drafter, make_target, random_prompt
 from transformers import PreTrainedModel
 
 from transformers_dflash import DFlashDraftModel
-from transformers_dflash.integration import check_pair
+from transformers_dflash.pair_check import check_pair
 from transformers_dflash.training.blocks import build_block_batch, flex_block_mask, loss_weights
 from transformers_dflash.training.evaluate import measure_tau
 from transformers_dflash.training.export import export_drafter, record_target

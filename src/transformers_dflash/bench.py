@@ -42,7 +42,8 @@ from .bench_report import (
     machine_info,
     write_markdown,
 )
-from .integration import as_native_drafter, check_pair
+from .drafter_types import as_native_drafter
+from .pair_check import check_pair
 from .prompts import Prompt, apply_chat, load_prompts
 from .validation import parse_verify_length
 
@@ -265,7 +266,7 @@ def drafter_folder(path: str | None) -> Path:
 
 def load_drafter(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """The DFlash drafter from a folder in the z-lab layout or ours (safetensors)."""
-    from .modeling_dflash import DFlashDraftModel
+    from .drafter import DFlashDraftModel
 
     return DFlashDraftModel.from_pretrained(str(folder), dtype=dtype).to(device).eval()
 

@@ -24,6 +24,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .engine import engine_for
 from .token_rule import TokenRule
 
 
@@ -38,24 +39,6 @@ def _generate_streamer() -> BaseStreamer | None:
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     return None if frame is None else frame.f_locals.get("streamer")
-
-
-def cut_at_criteria(
-    criteria: list, input_ids: torch.Tensor, tokens: torch.Tensor, generated: list[int], host: list[list[int]], rows
-) -> None:
-    """Cuts each row's fresh tokens at the first prefix that one of `criteria` (Transformers stopping criteria,
-    called per row on the prompt and the new tokens) stops, and marks the row done.
-
-    `tokens` (b, n) holds each row's new tokens, `generated[r]` how many came before this step, `host[r]` is
-    [done, count, *tokens] as synced from the device; `rows` is the engine's device state (`done`, `generated`).
-    """
-    for r, entry in enumerate(host):
-        for j in range(1, entry[1] + 1):
-            sequence = torch.cat([input_ids[r], tokens[r, : generated[r] + j]])[None]  # (1, P + n)
-            if any(bool(criterion(sequence, None)[0]) for criterion in criteria):
-                entry[0], entry[1] = 1, j
-                rows.done[r], rows.generated[r] = True, generated[r] + j
-                break
 
 
 def fast_generate(
@@ -99,8 +82,6 @@ def fast_generate(
             extra.append(criterion)
     if max_length is None:
         raise ValueError("fast_generate needs a length limit: pass max_new_tokens (or max_length) to generate.")
-    from .engine import engine_for  # engine.py re-exports this function
-
     result = engine_for(model, drafter).generate(
         input_ids,
         model_kwargs.get("attention_mask"),

@@ -47,11 +47,12 @@ from .demo_view import (
     pane_html,
     show,
 )
+from .drafter import DFlashDraftModel
 from .engine import DFlashOutput, dflash_generate
-from .integration import check_pair
-from .modeling_dflash import DFlashDraftModel
+from .pair_check import check_pair
 from .prompts import Prompt, apply_chat, load_prompts
 from .showcase import SHOWCASE_PROMPTS
+from .special_ids import stop_token_ids_of
 from .zoo import EMBEDDED_DRAFTER_NAME, EMBEDDED_TARGET_NAME, embedded_drafter_dir, load_embedded_target
 
 __all__ = [
@@ -253,11 +254,6 @@ def check_settings(pair: LoadedPair, settings: Settings, prompt_tokens: int, lim
         raise DemoError(f"Prompt + max new tokens exceed the target's context ({room} tokens); ask for fewer tokens.")
 
 
-def _stop_ids(target: PreTrainedModel) -> list[int]:
-    eos = target.generation_config.eos_token_id
-    return [] if eos is None else [int(i) for i in (eos if isinstance(eos, list | tuple) else [eos])]
-
-
 def _plain_call(
     pair: LoadedPair, ids: torch.LongTensor, settings: Settings, streamer: BaseStreamer | None
 ) -> torch.LongTensor:
@@ -267,7 +263,7 @@ def _plain_call(
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=settings.max_new_tokens,
-        eos_token_id=_stop_ids(pair.target),
+        eos_token_id=stop_token_ids_of(pair.target, None),
         pad_token_id=pair.target.generation_config.pad_token_id,
         streamer=streamer,
         **(sampling if settings.temperature > 0 else {"do_sample": False}),
@@ -285,7 +281,7 @@ def _dflash_call(
         ids,
         max_new_tokens=settings.max_new_tokens,
         temperature=settings.temperature,
-        stop_token_ids=_stop_ids(pair.target),
+        stop_token_ids=stop_token_ids_of(pair.target, None),
         streamer=streamer,
         block_size=settings.block_size,
     )

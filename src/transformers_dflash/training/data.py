@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..prompts import Prompt, apply_chat
+from ..special_ids import stop_token_ids_of
 
 
 def normalise(text: str) -> str:
@@ -220,8 +221,7 @@ def _write_rows(handle: IO[str], rows: list[dict]) -> None:
 
 
 def _eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    eos = target.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    eos = stop_token_ids_of(target, None)
     if not eos and tokenizer.eos_token_id is not None:
         eos = [tokenizer.eos_token_id]
     if not eos:

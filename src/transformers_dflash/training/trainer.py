@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
-from ..modeling_dflash import DFlashDraftModel
+from ..drafter import DFlashDraftModel
 from .blocks import (
     BlockBatch,
     anchor_generator,

@@ -57,7 +57,7 @@ test-compat: $(STAMP)
 	$(VENV)-compat/bin/python -m pytest tests/test_compat.py tests/test_generate.py tests/test_modeling.py tests/test_checkpoints.py tests/test_config.py
 
 bench: $(STAMP)
-	$(VENV)/bin/dflash-bench --out benchmarks/results
+	$(VENV)/bin/dflash-bench --gsm8k-path benchmarks/gsm8k_heldout.jsonl --out benchmarks/results
 
 space: $(STAMP)
 	$(PY) spaces_demo/app.py

@@ -49,8 +49,6 @@ from .validation import parse_verify_length
 
 DEFAULT_METHODS = ("ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup")
 DEFAULT_DATASETS = ("gsm8k", "humaneval", "mt-bench")
-# A source checkout's sibling data folder (the GSM8K train split: fine for smoke runs, not held out from training).
-CHECKOUT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "gsm8k_train.jsonl"
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], device: torch.device) -> torch.Tensor:
@@ -287,8 +285,9 @@ def load_assistant(
 
 
 def _gsm8k_path(given: str | None) -> str | None:
-    found = given or os.environ.get("DFLASH_GSM8K")
-    return found or (str(CHECKOUT_GSM8K) if CHECKOUT_GSM8K.is_file() else None)
+    """The GSM8K file the user named (--gsm8k-path, else $DFLASH_GSM8K); None: no GSM8K (it ships in no package;
+    a checkout's `make bench` passes benchmarks/gsm8k_heldout.jsonl)."""
+    return given or os.environ.get("DFLASH_GSM8K") or None
 
 
 def _csv(text: str) -> list[str]:
@@ -312,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--drafter", help="DFlash drafter folder (default: the shipped SmolLM2-135M-Instruct-DFlash-b16)")
     add("--dataset", default=None, help="comma list of gsm8k, humaneval, mt-bench, sharegpt, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT] "
         f"(default: {','.join(DEFAULT_DATASETS)}, gsm8k only when a GSM8K file is found)")  # fmt: skip
-    add("--gsm8k-path", help=f"GSM8K JSONL (default: $DFLASH_GSM8K, else {CHECKOUT_GSM8K} if present)")
+    add("--gsm8k-path", help="GSM8K JSONL, e.g. a checkout's benchmarks/gsm8k_heldout.jsonl (default: $DFLASH_GSM8K)")
     add("--exclude-prompts", help="comma list of JSONL prompt files (e.g. a drafter's prompts.train.jsonl) whose "
         "prompts are left out before sampling, so a benchmark on a training source stays held out")  # fmt: skip
     add("--max-samples", type=int, default=4, help="prompts per dataset, a seeded random subset (default 4)")

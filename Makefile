@@ -54,10 +54,10 @@ test-compat: $(STAMP)
 	test -x $(VENV)-compat/bin/python || $(PYTHON) -m venv $(VENV)-compat
 	$(VENV)-compat/bin/python -m pip -q install torch==2.13.0
 	$(VENV)-compat/bin/python -m pip -q install -e ".[dev]" "transformers==$(COMPAT_TRANSFORMERS)"
-	$(VENV)-compat/bin/python -m pytest tests/test_generate.py tests/test_modeling.py tests/test_checkpoints.py tests/test_config.py
+	$(VENV)-compat/bin/python -m pytest tests/test_compat.py tests/test_generate.py tests/test_modeling.py tests/test_checkpoints.py tests/test_config.py
 
 bench: $(STAMP)
-	$(VENV)/bin/dflash-bench --out benchmarks/results
+	$(VENV)/bin/dflash-bench --gsm8k-path benchmarks/gsm8k_heldout.jsonl --out benchmarks/results
 
 space: $(STAMP)
 	$(PY) spaces_demo/app.py

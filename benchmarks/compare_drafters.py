@@ -1,8 +1,8 @@
 """Held-out tau of several drafters for the embedded target on the same prompts, interleaved per prompt.
 
 Greedy, fp32; each prompt is decoded by every drafter in turn (so machine noise cannot favour one), and tau is
-reported per prompt source and overall, with each drafter's tokens/s (the simple loop of `measure_tau`, not the
-engine) and a check that every drafter produced the same output (they must: the target decides). This is how the
+reported per prompt source and overall, with each drafter's tokens/s (`measure_tau`: the engine at batch 1, eager)
+and a check that every drafter produced the same output (they must: the target decides). This is how the
 stages of the embedded drafter were compared (README, "Embedded default"):
 
     python benchmarks/compare_drafters.py runs/embedded/prompts.eval.jsonl --max-new-tokens 96 \

@@ -1,15 +1,27 @@
-"""Shared test support: tiny random targets (Qwen3, Llama), drafters for them, a forced-acceptance drafter."""
+"""Shared test support: tiny random targets (Qwen3, Llama), drafters for them, a forced-acceptance drafter, a saved
+tiny pair for the demo, random response rows for the training CLI."""
 
 from __future__ import annotations
 
+import json
 import os
+import string
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from transformers_dflash import DFlashConfig, DFlashDraftModel  # noqa: E402
 
@@ -142,3 +154,34 @@ def random_prompt(seed: int, length: int, vocab_size: int = 96) -> torch.LongTen
 def family(request: pytest.FixtureRequest) -> str:
     """Each test using this runs on a Llama and on a Qwen3 target."""
     return request.param
+
+
+TINY = "tiny-llama + tiny-drafter"
+
+
+def save_tiny_pair(root: Path) -> dict[str, dict[str, str]]:
+    """Save a tiny random Llama target (with a character tokenizer) and a drafter for it under `root`.
+
+    Returns the `$DFLASH_DEMO_PAIRS` value that registers them as the pair `TINY`.
+    """
+    specials = ["<pad>", "</s>", "<s>", "<mask>"]  # ids 0-3: pad, eos, bos, mask, as conftest's tiny models use
+    chars = string.ascii_letters + string.digits + " \n" + string.punctuation[:28]
+    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*specials, *chars])}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
+    target = make_target("llama", vocab_size=len(specials) + len(chars))
+    target.save_pretrained(root / "target")
+    fast.save_pretrained(root / "target")
+    make_drafter(target, block_size=4).save_pretrained(root / "drafter")
+    return {TINY: {"target": str(root / "target"), "drafter": str(root / "drafter")}}
+
+
+def write_responses(work: Path, rows: int) -> Path:
+    """A new work folder with `rows` random 30-token rows (8 prompt + 22 response tokens) in responses.jsonl."""
+    work.mkdir()
+    with (work / "responses.jsonl").open("w") as handle:
+        for i in range(rows):
+            ids = random_prompt(i, 30)[0].tolist()
+            handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
+    return work

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_demo import save_tiny_pair
+from conftest import save_tiny_pair
 
 from transformers_dflash import demo
 

@@ -118,6 +118,7 @@ def test_shipped_code_is_the_package_code_not_a_copy_kept_by_hand(tmp_path):
         assert (tmp_path / "ours" / f"{name}.py").read_bytes() == (PACKAGE_DIR / f"{name}.py").read_bytes()
     assert set(remote_code_modules()) == {
         "checkpoint_checks",
+        "compat",
         "configuration_dflash",
         "draft_vocab",
         "modeling_dflash",

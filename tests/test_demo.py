@@ -3,37 +3,16 @@
 from __future__ import annotations
 
 import json
-import string
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_drafter, make_target
+from conftest import TINY, save_tiny_pair
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from transformers_dflash import demo, demo_view
-
-TINY = "tiny-llama + tiny-drafter"
-
-
-def save_tiny_pair(root: Path) -> dict[str, dict[str, str]]:
-    """Save a tiny random Llama target (with a character tokenizer) and a drafter for it under `root`.
-
-    Returns the `$DFLASH_DEMO_PAIRS` value that registers them as the pair `TINY`.
-    """
-    specials = ["<pad>", "</s>", "<s>", "<mask>"]  # ids 0-3: pad, eos, bos, mask, as conftest's tiny models use
-    chars = string.ascii_letters + string.digits + " \n" + string.punctuation[:28]
-    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*specials, *chars])}, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tokenizer.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
-    target = make_target("llama", vocab_size=len(specials) + len(chars))
-    target.save_pretrained(root / "target")
-    fast.save_pretrained(root / "target")
-    make_drafter(target, block_size=4).save_pretrained(root / "drafter")
-    return {TINY: {"target": str(root / "target"), "drafter": str(root / "drafter")}}
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from conftest import (
 from transformers.generation.streamers import BaseStreamer
 
 from transformers_dflash import DFlashConfig, DFlashDraftModel
-from transformers_dflash.engine import DFlashEngine, dflash_generate, engine_for, fast_generate
+from transformers_dflash.custom_generate import fast_generate
+from transformers_dflash.engine import DFlashEngine, dflash_generate, engine_for
 
 FORCED = dict(vocab_size=48, hidden_size=64)  # the forced drafter needs vocab <= hidden
 

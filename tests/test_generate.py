@@ -17,8 +17,9 @@ from conftest import (
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from transformers_dflash import DFlashConfig, DFlashDraftModel
+from transformers_dflash.drafter_types import as_native_drafter
 from transformers_dflash.hub import target_fingerprint
-from transformers_dflash.integration import ZLabDrafterAdapter, as_native_drafter
+from transformers_dflash.zlab_adapter import ZLabDrafterAdapter
 
 
 def dflash_generate_call(target, drafter, ids, flagged: bool, **kw):

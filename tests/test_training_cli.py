@@ -10,11 +10,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import MASK, make_drafter, make_target, random_prompt
+from conftest import MASK, make_drafter, make_target, write_responses
 from safetensors.torch import load_file
 
 from transformers_dflash.draft_vocab import load_draft_vocab
@@ -59,16 +58,6 @@ def test_several_response_files_are_read_with_distinct_ids(tmp_path) -> None:
     assert cli._sequences(build_parser().parse_args([*flags, "--max-sequences", "1"]), block_size=4)[0].id.startswith(
         "re"
     )
-
-
-def write_responses(work: Path, rows: int) -> Path:
-    """A new work folder with `rows` random 30-token rows (8 prompt + 22 response tokens) in responses.jsonl."""
-    work.mkdir()
-    with (work / "responses.jsonl").open("w") as handle:
-        for i in range(rows):
-            ids = random_prompt(i, 30)[0].tolist()
-            handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
-    return work
 
 
 LAUNCHER = os.path.join(os.path.dirname(sys.executable), "accelerate")

@@ -6,8 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import MASK, make_drafter, make_target, random_prompt
-from test_training_cli import write_responses
+from conftest import MASK, make_drafter, make_target, random_prompt, write_responses
 from torch import nn
 
 from transformers_dflash.training.blocks import (

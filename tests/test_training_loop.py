@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from conftest import make_drafter, make_target, random_prompt
+from conftest import greedy_reference, make_drafter, make_target, random_prompt
 from transformers import PreTrainedModel
 
 from transformers_dflash import DFlashDraftModel
-from transformers_dflash.integration import check_pair
+from transformers_dflash.pair_check import check_pair
 from transformers_dflash.training.blocks import build_block_batch, flex_block_mask, loss_weights
 from transformers_dflash.training.evaluate import measure_tau
 from transformers_dflash.training.export import export_drafter, record_target
@@ -77,6 +77,20 @@ def test_short_run_lowers_loss_and_raises_tau(tmp_path) -> None:
     assert untrained.tau < 1.1 and trained > untrained.tau + 0.3, (untrained.tau, trained)
     final = [r for r in log if r["event"] == "train"][-1]
     assert len(final["acc_by_position"]) == 3 and final["acc_by_position"][0] > 0.3
+
+
+@pytest.mark.parametrize("target_dtype", [torch.float32, torch.bfloat16])
+def test_measure_tau_decodes_with_the_engine_losslessly(target_dtype) -> None:
+    target = make_target("qwen3").to(target_dtype)
+    drafter = make_drafter(target, block_size=4).float().train()  # training keeps an fp32 drafter
+    prompts = [random_prompt(i, 5)[0].tolist() for i in range(2)]
+    result = measure_tau(target, drafter, prompts, max_new_tokens=10)
+    for prompt, output in zip(prompts, result.outputs, strict=True):
+        assert output == greedy_reference(target, torch.tensor([prompt]), 10)[0, 5:].tolist()
+    assert result.new_tokens == 20 and result.steps == sum(result.histogram) and len(result.histogram) == 4
+    committed = sum(k * n for k, n in enumerate(result.histogram, start=1))
+    assert result.tau == pytest.approx(committed / result.steps) and committed == 20 - len(prompts)
+    assert drafter.training and next(drafter.parameters()).dtype == torch.float32  # left as it was
 
 
 def _run(tmp_path, target, sequences, stop_after: int | None) -> DFlashTrainer:

@@ -15,6 +15,8 @@ from typing import Any
 
 from transformers import PretrainedConfig, Qwen3Config
 
+from .checkpoint_checks import CONFIG_FILE, check_config_dict, check_path, read_config_file
+
 # What a saved checkpoint declares, so that `AutoModel.from_pretrained(dir, trust_remote_code=True)`,
 # vLLM and SGLang all find the drafter class.
 ZLAB_MODEL_TYPE = "qwen3"
@@ -201,6 +203,15 @@ class DFlashConfig(Qwen3Config):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, **kwargs: Any) -> DFlashConfig:
-        """Loads `config.json` from a directory or Hub id; both our files and z-lab's say `model_type: qwen3`."""
+        """Loads `config.json` from a directory or Hub id; both our files and z-lab's say `model_type: qwen3`.
+
+        A missing or damaged file, a value of the wrong type or a missing `block_size` is refused with the file, the
+        field and the fix (see `checkpoint_checks`), never replaced by defaults.
+        """
+        folder = check_path(pretrained_model_name_or_path)
+        if folder is not None:
+            read_config_file(folder)  # a clear error for a missing or unreadable file
         config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        where = str(folder / CONFIG_FILE) if folder is not None else f"{pretrained_model_name_or_path}/{CONFIG_FILE}"
+        check_config_dict(config_dict, where)
         return cls.from_dict(config_dict, **kwargs)

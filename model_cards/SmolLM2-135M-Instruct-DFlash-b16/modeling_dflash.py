@@ -12,7 +12,7 @@ Parameter names are those of the published z-lab checkpoints (`layers.{i}.self_a
 
 from __future__ import annotations
 
-import importlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,11 +30,10 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
+from .checkpoint_checks import check_finite, check_path, check_weights_cover, weight_shapes
+from .compat import model_output
 from .configuration_dflash import DFlashConfig
 from .draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
-
-# Transformers 5.24 renamed the output field `past_key_values` to `cache` (5.23 has only the old name).
-_OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def hidden_state_indices(target_layer_ids: list[int]) -> list[int]:
@@ -55,6 +54,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     t = x.shape[-2]
     cos, sin = cos[:, None, -t:], sin[:, None, -t:]
     return x * cos + rotate_half(x) * sin
+
+
+def additive_attention_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a bool mask (True = attend) that eager attention adds to its scores: 0 where True,
+    the dtype's lowest value where False."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 def layer_attention_mask(
@@ -87,9 +92,7 @@ def layer_attention_mask(
         mask = window[None, None] if mask is None else mask & window
     if mask is None or additive_dtype is None:
         return mask
-    return torch.zeros(mask.shape, dtype=additive_dtype, device=mask.device).masked_fill(
-        ~mask, torch.finfo(additive_dtype).min
-    )
+    return additive_attention_mask(mask, additive_dtype)
 
 
 class DFlashAttention(nn.Module):
@@ -186,20 +189,6 @@ class DFlashDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-def _package_attribute(module: str, name: str) -> Any:
-    """`transformers_dflash.<module>.<name>`, imported on use.
-
-    A remote-code folder ships only this file and its configuration (imports inside functions would make
-    Transformers demand every module they name), so the engine and the exporter come from the installed package.
-    """
-    try:
-        return getattr(importlib.import_module(f"transformers_dflash.{module}"), name)
-    except ImportError as error:
-        raise ImportError(
-            f"{name} needs the transformers-dflash package: `pip install transformers-dflash`."
-        ) from error
-
-
 class DFlashPreTrainedModel(PreTrainedModel):
     """Weights initialisation and capability flags shared by DFlash drafters."""
 
@@ -218,9 +207,11 @@ class DFlashPreTrainedModel(PreTrainedModel):
 class DFlashDraftModel(DFlashPreTrainedModel):
     """The DFlash drafter: drafts a whole block of tokens in one forward pass.
 
-    Load published z-lab checkpoints or our own with `DFlashDraftModel.from_pretrained(path)` (safetensors only,
-    unless `allow_pickle=True`); `save_pretrained` writes the z-lab layout plus a `dflash.py` so that
-    `AutoModel.from_pretrained(path, trust_remote_code=True)` works without this package's import.
+    This is the class a checkpoint folder ships as remote code (`AutoModel.from_pretrained(path,
+    trust_remote_code=True)` works without this package), so this file imports only its shipped neighbours. The
+    package's `transformers_dflash.DFlashDraftModel` extends it with `spec_generate` and with a `save_pretrained`
+    that writes the remote code. Load published z-lab checkpoints or our own with `from_pretrained(path)`
+    (safetensors only, unless `allow_pickle=True`).
     """
 
     def __init__(self, config: DFlashConfig) -> None:
@@ -317,56 +308,42 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids.expand(b, -1))  # 2 x (b, n + q, d)
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, attention_mask, cache, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{_OUTPUT_CACHE_FIELD: cache})
-
-    @torch.inference_mode()
-    def spec_generate(
-        self,
-        target: PreTrainedModel,
-        input_ids: torch.LongTensor,
-        max_new_tokens: int,
-        stop_token_ids: list[int] | None = None,
-        temperature: float = 0.0,
-        mask_token_id: int | None = None,
-        return_stats: bool = False,
-    ) -> torch.LongTensor | tuple[torch.LongTensor, Any]:
-        """z-lab's call: speculative decoding of one prompt against `target`, on Transformers 5.x.
-
-        Returns the prompt followed by the new tokens, cut after the first stop token; with `return_stats=True`
-        also the engine's statistics (acceptance lengths per step, tau, timings).
-        """
-        dflash_generate = _package_attribute("engine", "dflash_generate")
-        if mask_token_id is not None and mask_token_id != self.config.mask_token_id:
-            raise ValueError(
-                f"mask_token_id={mask_token_id} differs from the one this drafter was trained with "
-                f"({self.config.mask_token_id}); omit it."
-            )
-        result = dflash_generate(
-            target,
-            self,
-            input_ids,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            stop_token_ids=stop_token_ids,
-            return_stats=return_stats,
-        )
-        return (result.sequences, result.stats) if return_stats else result.sequences
+        return model_output(self.norm(hidden_states), cache)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, *args: Any, **kwargs: Any) -> DFlashDraftModel:
-        """Loads a z-lab-layout or our own checkpoint; safetensors only unless `allow_pickle=True` is passed."""
+        """Loads a z-lab-layout or our own checkpoint; safetensors only unless `allow_pickle=True` is passed.
+
+        A local folder is checked before anything is allocated (config, weight file header, every tensor the config
+        needs, see `checkpoint_checks`) and the loaded weights must be finite.
+        """
         allow_pickle = kwargs.pop("allow_pickle", False)
         if not allow_pickle:
             kwargs.setdefault("use_safetensors", True)
+        folder = check_path(pretrained_model_name_or_path)
+        if folder is not None:
+            cls._check_folder(folder, kwargs.get("config"), allow_pickle)
         loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with `output_loading_info=True`
+        check_finite(model, str(pretrained_model_name_or_path))
         model.set_draft_vocab(load_draft_vocab(pretrained_model_name_or_path, **kwargs))
         return loaded
 
+    @staticmethod
+    def _check_folder(folder: Path, config: DFlashConfig | None, allow_pickle: bool) -> None:
+        """Refuses a local checkpoint folder whose config or weight file cannot make this drafter (nothing is
+        allocated: the expected shapes come from a model built on the meta device)."""
+        config = DFlashConfig.from_config(config) if config is not None else DFlashConfig.from_pretrained(folder)
+        found = weight_shapes(folder, allow_pickle)
+        if found is None:  # pickle weights, allowed: Transformers reports what they lack
+            return
+        with torch.device("meta"):
+            expected = {name: tuple(t.shape) for name, t in DFlashDraftModel(config).state_dict().items()}
+        check_weights_cover(found[0], expected, str(folder / found[1]), config)
+
     def save_pretrained(self, save_directory: str, *args: Any, **kwargs: Any) -> None:
-        """Writes the z-lab layout (config.json, model.safetensors), the `dflash.py` remote-code entry point, and
-        `draft_vocab.safetensors` when the drafter has a draft vocabulary."""
+        """Writes the z-lab layout (config.json, model.safetensors) and `draft_vocab.safetensors` when the drafter
+        has a draft vocabulary (the package's class adds the remote code, `transformers_dflash.drafter`)."""
         super().save_pretrained(save_directory, *args, **kwargs)
-        _package_attribute("hub", "write_remote_code")(save_directory)
         if self.draft_vocab is not None:
             save_draft_vocab(self.draft_vocab, save_directory)

@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .bench_methods import BASELINE, METHODS, Generation, GenerationSettings, MethodContext, Variant, resolve_variants
+from .bench_models import DTYPES, drafter_folder, load_assistant, load_drafter, load_target
 from .bench_plots import write_plots
 from .bench_report import (
     BenchResult,
@@ -42,14 +43,13 @@ from .bench_report import (
     machine_info,
     write_markdown,
 )
-from .integration import as_native_drafter, check_pair
+from .drafter_types import as_native_drafter
+from .pair_check import check_pair
 from .prompts import Prompt, apply_chat, load_prompts
 from .validation import parse_verify_length
 
 DEFAULT_METHODS = ("ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup")
 DEFAULT_DATASETS = ("gsm8k", "humaneval", "mt-bench")
-# A source checkout's sibling data folder (the GSM8K train split: fine for smoke runs, not held out from training).
-CHECKOUT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "gsm8k_train.jsonl"
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], device: torch.device) -> torch.Tensor:
@@ -238,56 +238,10 @@ def run_benchmark(
     return result
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_target(
-    path: str | None, dtype: torch.dtype, device: torch.device
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The target and tokenizer from a local folder (no remote code), or the embedded SmolLM2 when `path` is None."""
-    if path is None:
-        from .zoo import load_embedded_target
-
-        return load_embedded_target(dtype=dtype, device=device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
-    return model.to(device).eval(), AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-
-
-def drafter_folder(path: str | None) -> Path:
-    """The drafter's folder: `path`, or the shipped embedded drafter when None; it must hold a config.json."""
-    from .zoo import embedded_drafter_dir
-
-    folder = Path(path) if path is not None else embedded_drafter_dir()
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"No DFlash drafter checkpoint (config.json) in {folder}; pass --drafter FOLDER.")
-    return folder
-
-
-def load_drafter(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """The DFlash drafter from a folder in the z-lab layout or ours (safetensors)."""
-    from .modeling_dflash import DFlashDraftModel
-
-    return DFlashDraftModel.from_pretrained(str(folder), dtype=dtype).to(device).eval()
-
-
-def load_assistant(
-    path: str, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype, device: torch.device
-) -> PreTrainedModel:
-    """A small AR draft model from a local folder, refused unless its tokenizer is the target's (no remote code)."""
-    if not Path(path).is_dir():
-        raise ValueError(f"assisted:MODEL takes a local model folder; {path!r} is not a directory.")
-    vocab = AutoTokenizer.from_pretrained(path, trust_remote_code=False).get_vocab()
-    if vocab != tokenizer.get_vocab():
-        raise ValueError(
-            f"The assistant at {path} has another tokenizer than the target; assisted:MODEL needs the same."
-        )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
-    return model.to(device).eval()
-
-
 def _gsm8k_path(given: str | None) -> str | None:
-    found = given or os.environ.get("DFLASH_GSM8K")
-    return found or (str(CHECKOUT_GSM8K) if CHECKOUT_GSM8K.is_file() else None)
+    """The GSM8K file the user named (--gsm8k-path, else $DFLASH_GSM8K); None: no GSM8K (it ships in no package;
+    a checkout's `make bench` passes benchmarks/gsm8k_heldout.jsonl)."""
+    return given or os.environ.get("DFLASH_GSM8K") or None
 
 
 def _csv(text: str) -> list[str]:
@@ -311,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--drafter", help="DFlash drafter folder (default: the shipped SmolLM2-135M-Instruct-DFlash-b16)")
     add("--dataset", default=None, help="comma list of gsm8k, humaneval, mt-bench, sharegpt, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT] "
         f"(default: {','.join(DEFAULT_DATASETS)}, gsm8k only when a GSM8K file is found)")  # fmt: skip
-    add("--gsm8k-path", help=f"GSM8K JSONL (default: $DFLASH_GSM8K, else {CHECKOUT_GSM8K} if present)")
+    add("--gsm8k-path", help="GSM8K JSONL, e.g. a checkout's benchmarks/gsm8k_heldout.jsonl (default: $DFLASH_GSM8K)")
     add("--exclude-prompts", help="comma list of JSONL prompt files (e.g. a drafter's prompts.train.jsonl) whose "
         "prompts are left out before sampling, so a benchmark on a training source stays held out")  # fmt: skip
     add("--max-samples", type=int, default=4, help="prompts per dataset, a seeded random subset (default 4)")
@@ -336,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--threads", type=int, default=None, help="torch threads (default: torch's default, printed)")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add("--dtype", choices=sorted(_DTYPES), default="float32")
+    add("--dtype", choices=sorted(DTYPES), default="float32")
     add("--no-warmup", action="store_true", help="skip the unrecorded warm-up run of each method")
     add("--no-progress", action="store_true", help="no progress bar")
     add("--fail-on-mismatch", action="store_true", help="exit with code 1 when a greedy output differs from ar")
@@ -347,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _setup(args: argparse.Namespace) -> dict:
     """Everything `run_benchmark` needs from the command line; raises ValueError/OSError with a clear message."""
     methods = _csv(args.methods)
-    dtype, device = _DTYPES[args.dtype], torch.device(args.device)
+    dtype, device = DTYPES[args.dtype], torch.device(args.device)
     block_sizes = [int(b) for b in _csv(args.block_sizes)] if args.block_sizes else None
     variants = resolve_variants(methods, block_sizes or [2])  # a bad name fails before anything is loaded
     folder = drafter_folder(args.drafter) if any(v.method.needs_drafter for v in variants) else None

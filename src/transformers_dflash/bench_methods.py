@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 
-from .integration import as_native_drafter
+from .drafter_types import as_native_drafter
 
 
 @dataclass

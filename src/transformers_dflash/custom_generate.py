@@ -7,7 +7,6 @@ engine. Transformers drops a kwarg named `assistant_model` on that path, hence `
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -26,6 +25,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .engine import engine_for
 from .token_rule import TokenRule
 
 
@@ -40,46 +40,6 @@ def _generate_streamer() -> BaseStreamer | None:
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     return None if frame is None else frame.f_locals.get("streamer")
-
-
-def install_tokenizer_passthrough() -> None:
-    """Lets a callable `custom_generate` that declares `tokenizer` receive it, so `stop_strings` work (idempotent).
-
-    Transformers (5.23, 5.24) pops `tokenizer` from generate's kwargs and then, for a callable `custom_generate`,
-    replaces the generation-mode kwargs with the callable's own extra parameters, read from kwargs that no longer
-    hold it: the tokenizer is lost and `stop_strings` fail with "could not locate a tokenizer". This puts it back
-    for callables that declare it (`fast_generate` does); versions without the method are left alone.
-    """
-    original = getattr(GenerationMixin, "_extract_generation_mode_kwargs", None)
-    if original is None or getattr(original, "_dflash_tokenizer_passthrough", False):
-        return
-
-    @functools.wraps(original)
-    def extract(self: PreTrainedModel, custom_generate: Any, kwargs: dict, *args: Any, **rest: Any) -> dict:
-        declared = inspect.signature(custom_generate).parameters if callable(custom_generate) else {}
-        kept = {k: kwargs[k] for k in ("tokenizer", "assistant_tokenizer") if k in declared and k in kwargs}
-        return {**kept, **original(self, custom_generate, kwargs, *args, **rest)}
-
-    extract._dflash_tokenizer_passthrough = True  # type: ignore[attr-defined]
-    GenerationMixin._extract_generation_mode_kwargs = extract
-
-
-def cut_at_criteria(
-    criteria: list, input_ids: torch.Tensor, tokens: torch.Tensor, generated: list[int], host: list[list[int]], rows
-) -> None:
-    """Cuts each row's fresh tokens at the first prefix that one of `criteria` (Transformers stopping criteria,
-    called per row on the prompt and the new tokens) stops, and marks the row done.
-
-    `tokens` (b, n) holds each row's new tokens, `generated[r]` how many came before this step, `host[r]` is
-    [done, count, *tokens] as synced from the device; `rows` is the engine's device state (`done`, `generated`).
-    """
-    for r, entry in enumerate(host):
-        for j in range(1, entry[1] + 1):
-            sequence = torch.cat([input_ids[r], tokens[r, : generated[r] + j]])[None]  # (1, P + n)
-            if any(bool(criterion(sequence, None)[0]) for criterion in criteria):
-                entry[0], entry[1] = 1, j
-                rows.done[r], rows.generated[r] = True, generated[r] + j
-                break
 
 
 def fast_generate(
@@ -106,7 +66,7 @@ def fast_generate(
         drafter: the DFlash drafter (required).
         block_size, verify_length, draft: as in [`dflash_generate`].
         tokenizer: the `tokenizer` given to `generate`; declared so that generate builds its `stop_strings`
-            criteria with it (see `install_tokenizer_passthrough`); they arrive in `stopping_criteria`.
+            criteria with it (see `compat.install_tokenizer_passthrough`); they arrive in `stopping_criteria`.
     """
     if drafter is None:
         raise ValueError(
@@ -126,8 +86,6 @@ def fast_generate(
             extra.append(criterion)
     if max_length is None:
         raise ValueError("fast_generate needs a length limit: pass max_new_tokens (or max_length) to generate.")
-    from .engine import engine_for  # engine.py re-exports this function
-
     result = engine_for(model, drafter).generate(
         input_ids,
         model_kwargs.get("attention_mask"),

@@ -13,33 +13,39 @@ rejected tokens are overwritten by its next step and rows of a batch advance ind
 before the anchor hold committed tokens; the drafter's hold the committed context, and the block it writes after the
 anchor is overwritten by the next step's context. Masks are built here: target query at position p sees slots <= p,
 the drafter's block sees slots < anchor + B.
+
+Why this file is a little over 400 lines: it keeps the whole loop readable top to bottom, with the two forward
+passes and the commit it calls (as gpt-fast's generate.py does); everything with a concept of its own lives beside
+it (`engine_rows`, `static_cache`, `token_rule`, `verify`, `adaptive`, `stats`, `validation`).
 """
 
 from __future__ import annotations
 
-import inspect
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from .adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
-from .custom_generate import cut_at_criteria, fast_generate
+from .compat import cache_kwarg
 from .draft_vocab import DraftHead
-from .integration import as_native_drafter, check_pair
-from .modeling_dflash import extract_context_features, hidden_state_indices
+from .drafter_types import as_native_drafter
+from .engine_rows import _Rows, cut_at_criteria
+from .modeling_dflash import additive_attention_mask, extract_context_features, hidden_state_indices
+from .pair_check import check_pair
+from .special_ids import pad_token_id_of, stop_token_ids_of
 from .static_cache import SlotCache
 from .stats import DFlashStats, Stopwatch
 from .token_rule import TokenRule
-from .validation import check_engine_pair, check_request, pad_token_id_of, stop_token_ids_of
+from .validation import check_engine_pair, check_request
 
-__all__ = ["DFlashEngine", "DFlashOutput", "dflash_generate", "engine_for", "fast_generate"]
+__all__ = ["DFlashEngine", "DFlashOutput", "dflash_generate", "engine_for"]
 
 _ENGINE_ATTR = "_dflash_engine"
 _COMPILED_CAPACITY_STEP = 256  # cache slots are allocated in multiples of this when compiled
@@ -51,29 +57,6 @@ class DFlashOutput:
 
     sequences: torch.LongTensor
     stats: DFlashStats | None = None
-
-
-@dataclass
-class _Rows:
-    """Per-row decoding state, all on the device: the anchor is the last committed token, not yet in the target."""
-
-    anchor: torch.Tensor  # (b,) token id
-    anchor_pos: torch.Tensor  # (b,) its absolute position
-    generated: torch.Tensor  # (b,) committed new tokens, the anchor included
-    done: torch.Tensor  # (b,) bool
-    tokens: torch.Tensor  # (b, max_new + B) committed new tokens, by index
-    context: torch.Tensor  # (b, n, F * H) target features not yet in the drafter cache
-    context_pos: torch.Tensor  # (b, n) their positions
-    context_slots: torch.Tensor  # (b, n) where the drafter keeps them (the sink for tokens not committed)
-
-    def select(self, index: torch.Tensor) -> _Rows:
-        """The state of rows `index` only."""
-        return _Rows(*(getattr(self, f.name)[index] for f in fields(self)))
-
-
-def _cache_kwarg(model: nn.Module) -> str:
-    """Transformers 5.24 names the cache argument `cache`, 5.23 `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class DFlashEngine:
@@ -95,7 +78,8 @@ class DFlashEngine:
         self.draft_cache: SlotCache | None = None
         self.step_costs: dict[tuple[int, int], StepCosts] = {}
         self.draft_head = DraftHead()  # the target's head, over the drafter's draft vocabulary if it has one
-        self._target_cache_kwarg, self._draft_cache_kwarg = _cache_kwarg(target), _cache_kwarg(self.drafter)
+        self._target_cache_kwarg = cache_kwarg(target.forward)
+        self._draft_cache_kwarg = cache_kwarg(self.drafter.forward)
         self.compiled = compile
         self._draft_step, self._verify_step = self._draft, self._target_forward
         if compile:
@@ -123,8 +107,7 @@ class DFlashEngine:
         slot_ids = torch.arange(reach or cache.capacity, device=ids.device)
         mask = (slot_ids <= positions[..., None])[:, None]  # (b, 1, t, T)
         if self.target.config.get_text_config()._attn_implementation == "eager":
-            dtype = self.lm_head.weight.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill_(~mask, torch.finfo(dtype).min)
+            mask = additive_attention_mask(mask, self.lm_head.weight.dtype)
         out = self.target(
             input_ids=ids,
             attention_mask=mask,
@@ -181,7 +164,7 @@ class DFlashEngine:
         block_size: int | None = None,
         verify_length: int | str | None = None,
         return_stats: bool = True,
-        stopping_criteria: list | None = None,
+        stopping_criteria: list[StoppingCriteria] | None = None,
         stream_prompt: bool = True,
     ) -> DFlashOutput:
         """Decodes every row of `input_ids` (b, P), left-padded per `attention_mask`; see [`dflash_generate`].
@@ -239,7 +222,7 @@ class DFlashEngine:
 
         while True:
             if stopping_criteria:
-                cut_at_criteria(stopping_criteria, input_ids[origin], rows.tokens, generated, host, rows)
+                cut_at_criteria(stopping_criteria, input_ids[origin], generated, host, rows)
             for r, (_, count, *_tokens) in enumerate(host):
                 generated[r] += count
                 if stats.verify_widths and count:

@@ -17,8 +17,8 @@ import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .drafter import DFlashDraftModel
 from .engine import dflash_generate
-from .modeling_dflash import DFlashDraftModel
 from .validation import parse_verify_length
 from .zoo import embedded_drafter_dir, load_embedded_target
 

@@ -101,20 +101,3 @@ class DFlashStats:
     def time_to_first_token_s(self) -> float:
         """Seconds until the first generated token was known (the prefill)."""
         return self.prefill_s
-
-    def as_dict(self) -> dict[str, float | int | list]:
-        """A JSON-friendly summary."""
-        return {
-            "tau": self.tau,
-            "histogram": self.histogram,
-            "steps": self.steps,
-            "new_tokens": self.new_tokens,
-            "tokens_per_second": self.tokens_per_second,
-            "time_to_first_token_s": self.time_to_first_token_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
-            "total_s": self.total_s,
-            "cache_bytes": self.cache_bytes,
-            "accept_lengths": self.accept_lengths,
-            "verify_widths": self.verify_widths,
-        }

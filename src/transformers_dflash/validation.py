@@ -1,4 +1,4 @@
-"""Checks of an engine request, each failing with a ValueError that names the fix; special ids of the target."""
+"""Checks of an engine request, each failing with a ValueError that names the fix."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from .integration import check_pair
+from .pair_check import check_pair
 
 
 def parse_verify_length(text: str) -> int | str | None:
@@ -100,18 +100,3 @@ def check_request(
             "drop the streamer."
         )
     return mask
-
-
-def stop_token_ids_of(target: PreTrainedModel, stop_token_ids: list[int] | None) -> list[int]:
-    """The given stop ids, or the eos ids of the target's generation config (what `generate` stops on)."""
-    if stop_token_ids is not None:
-        return [int(i) for i in stop_token_ids]
-    eos = target.generation_config.eos_token_id
-    return [] if eos is None else [int(i) for i in (eos if isinstance(eos, list | tuple) else [eos])]
-
-
-def pad_token_id_of(target: PreTrainedModel) -> int:
-    """The id `generate` pads finished rows with: pad, else the first eos, else 0."""
-    pad = target.generation_config.pad_token_id
-    pad = pad if pad is not None else target.config.get_text_config().pad_token_id
-    return int(pad) if pad is not None else (stop_token_ids_of(target, None) or [0])[0]

@@ -157,6 +157,9 @@ def load_embedded_target(
 def embedded_drafter_dir() -> Path:
     """Folder of the shipped DFlash drafter for the embedded target (``$DFLASH_EMBEDDED_DRAFTER`` overrides it).
 
+    The one place the library reads a source checkout (``model_cards/`` is not in the wheel); everything else comes
+    from the user's arguments or from installed packages.
+
     Raises:
         FileNotFoundError: the folder does not exist or holds no ``config.json``.
     """

@@ -16,9 +16,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..configuration_dflash import DFlashConfig, default_target_layer_ids
-from ..integration import check_pair
-from ..modeling_dflash import DFlashDraftModel
+from ..drafter import DFlashDraftModel
+from ..pair_check import check_pair
 from ..prompts import load_prompts, write_prompts
+from ..special_ids import stop_token_ids_of
 from . import data
 from .arguments import EMBEDDED, STAGES, TRAIN_FLAGS, build_parser
 from .checkpoint import latest_checkpoint
@@ -226,7 +227,6 @@ def stage_train(
     cache = FeatureCache(cache_dir) if args.features != "online" and (cache_dir / "meta.json").exists() else None
     if args.features == "cache" and cache is None:
         raise FileNotFoundError(f"--features cache, but there is no feature cache in {cache_dir}; run `features`.")
-    eos = target.generation_config.eos_token_id
     train_config = TrainConfig(args.work_dir, **{field: getattr(args, dest) for dest, field in TRAIN_FLAGS.items()})
     trainer = DFlashTrainer(
         target,
@@ -235,7 +235,7 @@ def stage_train(
         train_config,
         eval_prompts=_eval_prompts(args, tokenizer),
         feature_cache=cache,
-        stop_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+        stop_token_ids=stop_token_ids_of(target, None),
         run_info={
             "command": " ".join(["dflash-train", *map(shlex.quote, sys.argv[1:])]),
             **({"initialised from": args.init_from} if args.init_from else {}),

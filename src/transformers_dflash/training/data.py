@@ -32,6 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..jsonl import read_jsonl, require_fields
 from ..prompts import Prompt, apply_chat
+from ..special_ids import stop_token_ids_of
 
 
 def normalise(text: str) -> str:
@@ -221,8 +222,7 @@ def _write_rows(handle: IO[str], rows: list[dict]) -> None:
 
 
 def _eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    eos = target.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    eos = stop_token_ids_of(target, None)
     if not eos and tokenizer.eos_token_id is not None:
         eos = [tokenizer.eos_token_id]
     if not eos:
@@ -375,46 +375,4 @@ def regenerate_responses_openai(
                     )  # fmt: skip
                 _write_rows(handle, rows)
                 bar.update(len(batch))
-    return out_path
-
-
-_GSM8K_CALCULATOR = re.compile(r"<<[^<>]*>>")
-_GSM8K_FINAL = re.compile(r"\n?#### *(.+)\s*$")
-
-
-def clean_reference(prompt: Prompt) -> str:
-    """The reference answer as plain prose: GSM8K's calculator marks dropped, its `#### N` as `\\boxed{N}`."""
-    text = prompt.reference or ""
-    if prompt.dataset == "gsm8k":
-        text = _GSM8K_FINAL.sub(
-            lambda m: f"\nThe final answer is \\boxed{{{m.group(1).strip()}}}.", _GSM8K_CALCULATOR.sub("", text)
-        )
-    return text.strip()
-
-
-def write_reference_rows(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], out_path: str | Path, max_response_tokens: int = 256
-) -> Path:
-    """Rows in the regeneration format whose response is the dataset's reference answer, not the target's.
-
-    This is the cheap supervision source: no decoding, only the one target forward that training needs anyway.
-    Training must then take its labels from the target's own argmax (`--labels target`), which keeps a block's
-    position k supervised only while the reference agrees with the target's greedy choices before it (see
-    `training.blocks.consistent_prefix`). Prompts without a reference are skipped; done ids are skipped on restart.
-    """
-    out_path = Path(out_path)
-    todo = [p for p in _pending(prompts, out_path) if p.reference]
-    eos = tokenizer.eos_token_id
-    with _open_for_append(out_path) as handle:
-        rows = []
-        for p in tqdm(todo, desc="reference rows", unit="prompt"):
-            text = chat_text(tokenizer, p)
-            response = tokenizer(clean_reference(p), add_special_tokens=False).input_ids[:max_response_tokens]
-            finished = len(response) < max_response_tokens and eos is not None
-            rows.append(
-                {"id": p.id, "source": f"{p.dataset}-reference", "prompt_text": text,
-                 "prompt_ids": tokenizer(text, add_special_tokens=False).input_ids,
-                 "response_ids": response + ([eos] if finished else []), "finished": finished}
-            )  # fmt: skip
-        _write_rows(handle, rows)
     return out_path

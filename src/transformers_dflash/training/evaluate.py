@@ -1,9 +1,7 @@
-"""Real acceptance length (tau) of a drafter against its target: greedy speculative decoding, batch 1.
+"""Real acceptance length (tau) of a drafter against its target: greedy speculative decoding by the engine.
 
-A deliberately plain loop (dynamic caches, one prompt at a time) so training can measure tau without depending on
-the fast engine: prefill the target on the prompt, then repeat -- draft a block from `[last token, MASK...]`, verify
-it with one target forward (`verify.greedy_verify`), keep the accepted prefix plus the target's token, crop both
-caches to the committed tokens. tau is the mean number of tokens committed per target verify step.
+Each prompt is decoded alone (batch 1) by [`DFlashEngine`], the loop every other caller uses; tau is the mean number
+of tokens committed per target verify step, read from the engine's statistics.
 """
 
 from __future__ import annotations
@@ -13,15 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers import PreTrainedModel
 
-from ..draft_vocab import DraftHead
-from ..modeling_dflash import DFlashDraftModel, extract_context_features, hidden_state_indices
-from ..verify import greedy_verify
-
-# Transformers 5.24 renamed the model's `past_key_values` argument to `cache` (5.23 knows only the old name).
-_CACHE_KWARG = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+from ..engine import DFlashEngine
+from ..modeling_dflash import DFlashDraftModel
 
 
 @dataclass
@@ -45,51 +38,16 @@ class TauResult:
     outputs: list[list[int]] = field(default_factory=list)
 
 
-@torch.no_grad()
-def _generate_one(
-    target: PreTrainedModel,
-    drafter: DFlashDraftModel,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    stop_ids: set[int],
-) -> tuple[list[int], list[int]]:
-    """Greedy speculative decoding of one prompt; returns (new tokens, committed tokens per verify step)."""
-    device = next(target.parameters()).device
-    layers, block = drafter.target_layer_ids, drafter.block_size
-    embed, head = target.get_input_embeddings(), DraftHead()
-    head.update(target.get_output_embeddings(), drafter.draft_vocab)
-    target_cache, draft_cache = DynamicCache(config=target.config), DynamicCache()
-    out = target(
-        torch.tensor([prompt_ids], device=device),
-        **{_CACHE_KWARG: target_cache},
-        output_hidden_states=hidden_state_indices(layers),
-        use_cache=True,
-    )
-    context = extract_context_features(out.hidden_states, layers)  # (1, p, F * H): features not yet in draft_cache
-    last = out.logits[:, -1].argmax(dim=-1)  # (1,)
-    generated, committed = [int(last)], []
-    masks = torch.full((1, block - 1), drafter.mask_token_id, dtype=torch.long, device=device)
-    while len(generated) < max_new_tokens and generated[-1] not in stop_ids:
-        noise = embed(torch.cat([last[:, None], masks], dim=1))  # (1, B, H)
-        drafted = drafter(noise_embeds=noise, context_hidden_states=context, cache=draft_cache).last_hidden_state
-        draft_cache.crop(-block)  # keep only context keys/values
-        draft = head(drafted)[:, 1:].argmax(dim=-1)  # (1, B - 1), as the engine drafts
-        out = target(
-            torch.cat([last[:, None], draft], dim=1),
-            **{_CACHE_KWARG: target_cache},
-            output_hidden_states=hidden_state_indices(layers),
-            use_cache=True,
-        )
-        accepted, next_token = greedy_verify(draft, out.logits)  # logits (1, B, V): row k checks draft k
-        n = int(accepted)
-        target_cache.crop(-(block - 1 - n))  # the target keeps `last` and the n accepted drafts
-        context = extract_context_features(out.hidden_states, layers)[:, : n + 1]
-        new = draft[0, :n].tolist() + [int(next_token)]
-        committed.append(n + 1)
-        generated.extend(new)
-        last = next_token
-    stop_at = next((i + 1 for i, t in enumerate(generated) if t in stop_ids), len(generated))
-    return generated[: min(stop_at, max_new_tokens)], committed
+def _in_dtype(drafter: DFlashDraftModel, dtype: torch.dtype) -> DFlashDraftModel:
+    """The drafter itself when it has `dtype`, else an eval-mode copy in `dtype` (training keeps an fp32 drafter
+    beside a bf16 target; the engine, like the exported drafter, runs both in one dtype)."""
+    weight = next(drafter.parameters())
+    if weight.dtype == dtype:
+        return drafter
+    copy = type(drafter)(drafter.config).to(device=weight.device, dtype=dtype).eval()
+    copy.load_state_dict(drafter.state_dict())
+    copy.set_draft_vocab(drafter.draft_vocab)
+    return copy
 
 
 def measure_tau(
@@ -105,10 +63,12 @@ def measure_tau(
     start = time.perf_counter()
     outputs, committed = [], []
     try:
+        engine = DFlashEngine(target, _in_dtype(drafter, next(target.parameters()).dtype))
         for prompt in prompts:
-            tokens, steps = _generate_one(target, drafter, list(prompt), max_new_tokens, set(stop_token_ids))
-            outputs.append(tokens)
-            committed.extend(steps)
+            ids = torch.tensor([list(prompt)], device=target.device)  # (1, P)
+            result = engine.generate(ids, max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids))
+            outputs.append(result.sequences[0, ids.shape[1] :].tolist())
+            committed.extend(result.stats.accept_lengths[0])
     finally:
         drafter.train(was_training)
     histogram = [committed.count(k) for k in range(1, drafter.block_size + 1)]

@@ -1,7 +1,7 @@
 """Export a trained drafter: z-lab layout (config.json, model.safetensors, dflash.py) plus a model card.
 
 The drafter's config records the target it was trained for in `dflash_config["target"]` (name, shape and
-`hub.target_fingerprint`), which the pair check of `integration` uses to refuse another target.
+`hub.target_fingerprint`), which the pair check (`pair_check`) uses to refuse another target.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from transformers import PreTrainedModel
 
 from ..configuration_dflash import DFlashConfig
 from ..draft_vocab import load_draft_vocab
+from ..drafter import DFlashDraftModel
 from ..hub import target_fingerprint, write_model_card
-from ..modeling_dflash import DFlashDraftModel
 from .checkpoint import read_state
 from .plots import plot_training_log
 from .trainer import LOG_FILE

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
 from ..configuration_dflash import DFlashConfig
-from ..modeling_dflash import DFlashDraftModel
+from ..drafter import DFlashDraftModel
 from .blocks import (
     BlockBatch,
     anchor_generator,

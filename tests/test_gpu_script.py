@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.py"
@@ -10,6 +11,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.py"
 def test_tiny_run_writes_one_table_with_every_method(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_run", SCRIPT)
     run = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_run"] = run  # Dynamo looks the forced drafter's module up while it compiles
     spec.loader.exec_module(run)
     sections = "embedded:bfloat16,qwen3-8b:bfloat16"  # the eager methods on one pair, every method on the other
     argv = ["--device", "cpu", "--tiny", "--compile-backend", "eager", "--prompts", "1", "--new-tokens", "10"]

@@ -38,7 +38,7 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}a: {% endif %}"
 )
-METHOD_SPECS = ["ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup", "assisted:tiny"]
+METHOD_SPECS = ["ar", "ar-engine", "dflash", "dflash-auto", "dflash-native", "prompt-lookup", "assisted:tiny"]
 MAX_NEW = 16
 
 
@@ -95,7 +95,7 @@ def flip_method():
 def test_report_has_every_field(result):
     res, _ = result
     labels = [
-        "ar", "dflash@b4", "dflash@b2", "dflash-auto@b4", "dflash-auto@b2", "dflash-native@b4", "dflash-native@b2",
+        "ar", "ar-engine", "dflash@b4", "dflash@b2", "dflash-auto@b4", "dflash-auto@b2", "dflash-native@b4", "dflash-native@b2",
         "prompt-lookup", "assisted:tiny",
     ]  # fmt: skip
     assert res.methods == labels and res.complete
@@ -118,6 +118,8 @@ def test_report_has_every_field(result):
             assert sum(s.accept_lengths) == s.new_tokens - 1 and max(s.accept_lengths) <= s.block_size
         if s.method.startswith(("dflash@", "dflash-auto")):
             assert {"time_to_first_token_s", "draft_s", "verify_s"} <= set(s.timings)
+        if s.method == "ar-engine":  # the same loop, one token per step
+            assert s.accept_lengths == [1] * (s.new_tokens - 1)
     # interleaved, rotating order; one seed per prompt turn shared by all methods
     firsts = [res.samples[i * len(labels)].method for i in range(3)]
     assert firsts == labels[:3]

@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--compile",
         action="store_true",
-        help="dflash engine: torch.compile its draft and verify steps (the warm-up and each new cache size compile)",
+        help="dflash and ar-engine: torch.compile the engine's steps (the warm-up and each new cache size compile)",
     )
     add("--threads", type=int, default=None, help="torch threads (default: torch's default, printed)")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -260,6 +260,18 @@ def _ar(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Ge
     return Generation(_new_ids(sequences, input_ids.shape[1]))
 
 
+@register_method("ar-engine", help="plain AR on the engine's loop and static cache (ar_generate; compiled: --compile)")
+def _ar_engine(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Generation:
+    from .ar import ar_generate
+
+    s = ctx.settings
+    out = ar_generate(
+        ctx.target, input_ids, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+        top_k=s.top_k, compile=s.compile,
+    )  # fmt: skip
+    return Generation(_new_ids(out.sequences, input_ids.shape[1]), out.stats.accept_lengths[0])  # tau 1
+
+
 def _engine_generate(
     ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant, verify_length: int | str | None
 ) -> Generation:

@@ -34,6 +34,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from .adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
 from .compat import cache_kwarg
+from .compiled_steps import compiled_steps
 from .draft_vocab import DraftHead
 from .drafter_types import as_native_drafter
 from .engine_rows import _Rows, cut_at_criteria
@@ -64,29 +65,28 @@ class DFlashEngine:
 
     Args:
         target: a Llama-like causal LM (full attention, `sdpa` or `eager`).
-        drafter: a DFlash drafter for it (ours, or a z-lab remote-code instance).
-        compile: `torch.compile` the fixed-shape draft and verify steps (CUDA: `mode="reduce-overhead"`); a dict
-            is passed to `torch.compile` as its options instead (e.g. `{"backend": "aot_eager"}`).
+        drafter: a DFlash drafter for it (ours, or a z-lab remote-code instance); None decodes plain AR on the same
+            loop, caches and steps (blocks of one token, the anchor: see `ar.py`).
+        compile: `torch.compile` the fixed-shape draft and verify steps with `fullgraph=True` (CUDA:
+            `mode="reduce-overhead"`, CUDA graphs); a dict adds to or overrides those options (e.g.
+            `{"backend": "aot_eager"}`).
     """
 
-    def __init__(self, target: PreTrainedModel, drafter: nn.Module, compile: bool | dict[str, Any] = False) -> None:
-        self.target, self.drafter = target, as_native_drafter(drafter)
+    def __init__(
+        self, target: PreTrainedModel, drafter: nn.Module | None, compile: bool | dict[str, Any] = False
+    ) -> None:
+        self.target, self.drafter = target, None if drafter is None else as_native_drafter(drafter)
         check_engine_pair(target, self.drafter)
-        self.layer_ids = list(self.drafter.config.target_layer_ids)
+        self.layer_ids = [] if drafter is None else list(self.drafter.config.target_layer_ids)
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self.target_cache: SlotCache | None = None
         self.draft_cache: SlotCache | None = None
         self.step_costs: dict[tuple[int, int], StepCosts] = {}
         self.draft_head = DraftHead()  # the target's head, over the drafter's draft vocabulary if it has one
         self._target_cache_kwarg = cache_kwarg(target.forward)
-        self._draft_cache_kwarg = cache_kwarg(self.drafter.forward)
+        self._draft_cache_kwarg = None if drafter is None else cache_kwarg(self.drafter.forward)
         self.compiled = compile
-        self._draft_step, self._verify_step = self._draft, self._target_forward
-        if compile:
-            cuda = target.device.type == "cuda"
-            options = compile if isinstance(compile, dict) else {"mode": "reduce-overhead" if cuda else None}
-            self._draft_step = torch.compile(self._draft, dynamic=False, **options)
-            self._verify_step = torch.compile(self._target_forward, dynamic=False, **options)
+        self._draft_step, self._verify_step = compiled_steps(self._draft, self._target_forward, target.device, compile)
 
     # ---- the two forward passes -----------------------------------------------------------------------------
 
@@ -113,10 +113,12 @@ class DFlashEngine:
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            output_hidden_states=hidden_state_indices(self.layer_ids),
+            output_hidden_states=hidden_state_indices(self.layer_ids) if self.layer_ids else False,
             logits_to_keep=logits_to_keep,
             **{self._target_cache_kwarg: cache},
         )
+        if not self.layer_ids:  # AR: no drafter to feed
+            return out.logits, out.logits.new_zeros(*ids.shape, 0)
         return out.logits, extract_context_features(out.hidden_states, self.layer_ids)
 
     def _draft(
@@ -173,13 +175,15 @@ class DFlashEngine:
         `custom_generate` path); `stream_prompt=False` when the caller already streamed the prompt. Rows that
         finish leave the batch (unless the steps are compiled or logits processors hold per-row state).
         """
-        check_pair(self.target, self.drafter)  # cheap; the models may have moved since the engine was built
-        self.draft_head.update(self.lm_head, getattr(self.drafter, "draft_vocab", None))
+        if self.drafter is not None:
+            check_pair(self.target, self.drafter)  # cached per pair; redone if a model moved since the last call
+            self.draft_head.update(self.lm_head, getattr(self.drafter, "draft_vocab", None))
         rule = rule or TokenRule()
-        block_size = block_size or self.drafter.config.block_size
+        block_size = 1 if self.drafter is None else block_size or self.drafter.config.block_size  # 1: AR, no drafts
         mask = check_request(
-            self.target, input_ids, attention_mask, max_new_tokens, block_size, verify_length, streamer
-        )
+            self.target, input_ids, attention_mask, max_new_tokens, block_size, verify_length, streamer,
+            drafts=self.drafter is not None,
+        )  # fmt: skip
         device, (b, prompt_len) = self.target.device, input_ids.shape
         input_ids, mask = input_ids.to(device), mask.to(device)
         stop_ids = torch.tensor(stop_token_ids_of(self.target, stop_token_ids), dtype=torch.long, device=device)
@@ -237,18 +241,21 @@ class DFlashEngine:
                 keep = [r for r, (done, *_) in enumerate(host) if not done]
                 index = torch.tensor(keep, device=device)
                 rows = rows.select(index)
-                self.target_cache.keep_rows(index)
-                self.draft_cache.keep_rows(index)
+                for cache in (self.target_cache, self.draft_cache):
+                    if cache is not None:
+                        cache.keep_rows(index)
                 host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
 
             furthest = max(prompt_lens[o] + n for o, n in zip(origin, generated, strict=True))  # > every anchor
             reach = self._reach(furthest + block_size)  # beyond the furthest block
-            step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
-            with watch.lap("draft"):
-                draft_logits = step_draft(
-                    rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots, block_size, reach
-                )  # (b, B - 1, V)
-                drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
+            # AR (no drafter): the block is the anchor alone, no drafts (b, 0), no draft probabilities
+            drafts, draft_probs = rows.anchor.new_zeros(rows.anchor.shape[0], 0), None
+            if self.drafter is not None:
+                step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
+                with watch.lap("draft"):
+                    inputs = (rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots)
+                    draft_logits = step_draft(*inputs, block_size, reach)  # (b, B - 1, V)
+                    drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
             if verify_length == "auto":  # a second host sync: the width is a shape
                 width = choose_width(rule.confidence(draft_logits, drafts), rows.done, costs.costs())
             else:
@@ -267,9 +274,10 @@ class DFlashEngine:
                     draft_probs = draft_probs[:, : width - 1]
                 accepted, next_token = rule.accept(verify_ids, logits, draft_probs, prefixes)  # (b,), (b,)
             committed, n_new = self._commit(rows, verify_ids, accepted, next_token, stop_ids, max_new_tokens)
-            rows.context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
-            rows.context_pos = positions[:, :1] + arange  # (b, B)
-            rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
+            if self.drafter is not None:
+                rows.context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
+                rows.context_pos = positions[:, :1] + arange  # (b, B)
+                rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
             stats.verify_widths.append(width)
             host = torch.cat([rows.done[:, None].long(), n_new[:, None], committed], dim=1).tolist()  # the sync
             now = time.perf_counter()
@@ -347,13 +355,15 @@ class DFlashEngine:
         """Reuses the caches when they fit the request, else allocates both (the only allocation of a call)."""
         device, dtype = self.target.device, self.lm_head.weight.dtype
         if self.target_cache is not None and self.target_cache.fits(batch, capacity, dtype, device):
-            self.target_cache.keep_rows(None)
-            self.draft_cache.keep_rows(None)
+            for cache in (self.target_cache, self.draft_cache):
+                if cache is not None:
+                    cache.keep_rows(None)
         else:
             self.target_cache = self.draft_cache = None  # free the old buffers first
             self.target_cache = SlotCache.for_config(self.target.config, batch, capacity, dtype, device)
-            draft_dtype = next(self.drafter.parameters()).dtype
-            self.draft_cache = SlotCache.for_config(self.drafter.config, batch, capacity, draft_dtype, device)
+            if self.drafter is not None:
+                draft_dtype = next(self.drafter.parameters()).dtype
+                self.draft_cache = SlotCache.for_config(self.drafter.config, batch, capacity, draft_dtype, device)
 
     @property
     def cache_bytes(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -10,6 +12,9 @@ from .configuration_dflash import DFlashConfig
 from .drafter_types import as_native_drafter
 from .hub import fingerprints_match, target_fingerprint
 from .special_ids import id_list
+
+# on the drafter: (weakref to the target, `_pair_state`) of its last passed check
+_CHECKED_ATTR = "_dflash_checked_pair"
 
 
 def _first_param(model: nn.Module) -> torch.nn.Parameter:
@@ -23,7 +28,11 @@ def check_pair(target: PreTrainedModel, drafter: nn.Module, *, same_device: bool
     target's vocabulary and special tokens, the drafter's trained-for target (when the checkpoint records it),
     dtype, and (with `same_device`) device.
     """
-    config = as_native_drafter(drafter).config
+    native = as_native_drafter(drafter)
+    config, state = native.config, _pair_state(target, drafter, same_device)
+    checked = native.__dict__.get(_CHECKED_ATTR)
+    if checked is not None and checked[0]() is target and checked[1] == state:
+        return  # passed before, and nothing it read has changed since: no per-call cost (the fingerprint syncs CUDA)
     text = target.config.get_text_config()
     depth, hidden = text.num_hidden_layers, text.hidden_size
     vocab = target.get_input_embeddings().weight.shape[0]
@@ -65,6 +74,16 @@ def check_pair(target: PreTrainedModel, drafter: nn.Module, *, same_device: bool
             f"The drafter is on {drafter_param.device}, the target on {target_param.device}: "
             f"move it with `drafter.to('{target_param.device}')`."
         )
+    native.__dict__[_CHECKED_ATTR] = (weakref.ref(target), state)
+
+
+def _pair_state(target: PreTrainedModel, drafter: nn.Module, same_device: bool) -> tuple:
+    """What a passed `check_pair` depends on that may change later: dtypes, devices, the embedding's storage (the
+    fingerprint's), the drafter's mask id and layer ids."""
+    config = as_native_drafter(drafter).config
+    t, d, embed = _first_param(target), _first_param(drafter), target.get_input_embeddings().weight
+    ids = tuple(config.target_layer_ids or ())
+    return same_device, t.dtype, t.device, d.dtype, d.device, embed.data_ptr(), config.mask_token_id, ids
 
 
 def _check_trained_target(config: DFlashConfig, target: PreTrainedModel) -> None:

@@ -22,10 +22,14 @@ def parse_verify_length(text: str) -> int | str | None:
     raise argparse.ArgumentTypeError(f"expected 'all', 'auto' or a positive int, got {text!r}")
 
 
-def check_engine_pair(target: PreTrainedModel, drafter: nn.Module) -> None:
-    """`check_pair`, plus what the engine's static caches and 4D masks need of both models."""
-    check_pair(target, drafter)
-    for name, config in (("target", target.config.get_text_config()), ("drafter", drafter.config)):
+def check_engine_pair(target: PreTrainedModel, drafter: nn.Module | None) -> None:
+    """`check_pair`, plus what the engine's static caches and 4D masks need of both models (of the target alone for
+    AR, `drafter=None`)."""
+    models = [("target", target.config.get_text_config())]
+    if drafter is not None:
+        check_pair(target, drafter)
+        models.append(("drafter", drafter.config))
+    for name, config in models:
         if config._attn_implementation not in ("sdpa", "eager"):
             raise ValueError(
                 f"The {name} uses attn_implementation={config._attn_implementation!r}; the engine builds 4D masks "
@@ -46,8 +50,10 @@ def check_request(
     block_size: int,
     verify_length: int | str | None,
     streamer: BaseStreamer | None,
+    drafts: bool = True,
 ) -> torch.Tensor:
-    """Validates a request; returns the (b, P) 0/1 mask (all ones when none was given)."""
+    """Validates a request (`drafts=False`: AR, blocks of one token); returns the (b, P) 0/1 mask (all ones when none
+    was given)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError("input_ids must be a (batch, length) tensor of token ids; for one prompt use ids[None].")
     if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
@@ -86,7 +92,9 @@ def check_request(
             f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
             f"max_position_embeddings ({limit}); use max_new_tokens <= {max(limit - longest, 0)} or a shorter prompt."
         )
-    if block_size < 2:
+    if not drafts and verify_length is not None:
+        raise ValueError(f"AR decoding verifies no drafts; drop verify_length (got {verify_length!r}).")
+    if drafts and block_size < 2:
         raise ValueError(f"block_size must be >= 2 (the anchor plus >= 1 draft), got {block_size}.")
     if verify_length not in (None, "auto") and not (
         isinstance(verify_length, int) and 1 <= verify_length <= block_size - 1

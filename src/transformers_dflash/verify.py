@@ -74,6 +74,8 @@ def speculative_verify(
         accepted: (b,) drafted tokens kept; next_token: (b,) the target's token after them.
     """
     b, k = draft_ids.shape
+    if k == 0:  # nothing drafted (AR): the target's own sample
+        return draft_ids.new_zeros(b), torch.multinomial(target_probs[:, 0], 1, generator=generator).squeeze(1)
     p_draft = target_probs[:, :k].gather(-1, draft_ids[..., None]).squeeze(-1)  # (b, k)
     q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, draft_ids[..., None])[..., 0]
     u = torch.rand(p_draft.shape, device=p_draft.device, generator=generator)

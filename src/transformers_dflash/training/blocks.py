@@ -113,6 +113,7 @@ class BlockBatch:
         block_size: tokens per block (anchor included).
         soft_ids: (b, q, k) the target's top-k candidates for each query's token (distillation), or None.
         soft_logprobs: (b, q, k) their log-probabilities, or None.
+        mask: the attention mask the trainer prepared with the batch (dense or flex), or None.
 
     The attention mask is built from the anchors when asked for, dense or as a flex `BlockMask`: a trainer that
     uses one never builds (nor moves to its device) the other.
@@ -127,6 +128,7 @@ class BlockBatch:
     block_size: int
     soft_ids: torch.LongTensor | None = None
     soft_logprobs: torch.Tensor | None = None
+    mask: torch.Tensor | BlockMask | None = None
 
     @property
     def context_len(self) -> int:
@@ -145,7 +147,7 @@ class BlockBatch:
     def to(self, device: torch.device | str) -> BlockBatch:
         """A copy with every tensor on `device`."""
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        return BlockBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()})
+        return BlockBatch(**{k: v if v is None or isinstance(v, int) else v.to(device) for k, v in fields.items()})
 
 
 def build_block_batch(

@@ -298,6 +298,7 @@ class DFlashTrainer:
             dev.input_ids, targets, anchors, num_blocks, self.block_size, self.mask_token_id, self.weights,
             consistent=consistent, soft_ids=soft[0], soft_logprobs=soft[1],
         )  # fmt: skip
+        batch.mask = batch.flex_mask() if self.flex else batch.attention_mask  # (b, 1, q, n + q) or a BlockMask
         if meter:
             meter.time("data", now)
         return batch, feats
@@ -308,11 +309,14 @@ class DFlashTrainer:
 
     def loss(self, batch: BlockBatch, feats: TargetFeatures) -> ObjectiveOutput:
         """One packed forward of the drafter and its objective."""
+        mask = batch.mask
+        if mask is None:  # a batch built outside `device_batch`
+            mask = batch.flex_mask() if self.flex else batch.attention_mask
         hidden = self.model(
             noise_embeds=self.objective.embed(batch.noise_ids),
             context_hidden_states=feats.hidden,
             position_ids=batch.position_ids,
-            attention_mask=batch.flex_mask() if self.flex else batch.attention_mask,
+            attention_mask=mask,
         ).last_hidden_state  # (b, q, H)
         with self.accelerator.autocast():
             return self.objective(hidden, batch.labels, batch.weights, batch.soft_ids, batch.soft_logprobs)

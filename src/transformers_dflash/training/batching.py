@@ -113,23 +113,22 @@ class HostBatch:
         """Real (unpadded) target tokens in the batch."""
         return int(self.lengths.sum())
 
-    def to(self, device: torch.device) -> HostBatch:
-        """A copy with every tensor on `device` (asynchronous from pinned memory)."""
-        move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> HostBatch:
+        """A copy with `fn` applied to every tensor (the cached features' included)."""
+        apply = lambda t: fn(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
         features = self.features
         if features is not None:
-            features = TargetFeatures(**{f.name: move(getattr(features, f.name)) for f in fields(TargetFeatures)})
-        values = {f.name: move(getattr(self, f.name)) for f in fields(self) if f.name != "features"}
+            features = TargetFeatures(**{f.name: apply(getattr(features, f.name)) for f in fields(TargetFeatures)})
+        values = {f.name: apply(getattr(self, f.name)) for f in fields(self) if f.name != "features"}
         return HostBatch(**values, features=features)
+
+    def to(self, device: torch.device) -> HostBatch:
+        """A copy with every tensor on `device` (asynchronous from pinned memory)."""
+        return self._map(lambda t: t.to(device, non_blocking=True))
 
     def pin_memory(self) -> HostBatch:
         """A copy in pinned host memory, for asynchronous copies to a GPU."""
-        pin = lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t  # noqa: E731
-        features = self.features
-        if features is not None:
-            features = TargetFeatures(**{f.name: pin(getattr(features, f.name)) for f in fields(TargetFeatures)})
-        values = {f.name: pin(getattr(self, f.name)) for f in fields(self) if f.name != "features"}
-        return HostBatch(**values, features=features)
+        return self._map(torch.Tensor.pin_memory)
 
 
 def collate(

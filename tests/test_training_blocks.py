@@ -7,18 +7,19 @@ import math
 import pytest
 import torch
 
+from transformers_dflash.training.anchors import anchor_keys, anchor_slots, draw_anchors
 from transformers_dflash.training.blocks import (
     IGNORE_INDEX,
-    anchor_generator,
+    BlockBatch,
     block_attention_mask,
     build_block_batch,
     consistent_prefix,
     default_gamma,
     labels_from_predictions,
     loss_weights,
-    sample_anchors,
+    soft_labels_from_top_k,
 )
-from transformers_dflash.training.sequences import EpochPlan, sequences_from_responses
+from transformers_dflash.training.sequences import sequences_from_responses
 
 MASK = 3
 
@@ -36,13 +37,121 @@ def brute_force_mask(anchors: list[int], block_size: int, context_len: int) -> t
     return mask
 
 
+def draw(lengths: list[int], starts: list[int], block: int, num: int, seed: int = 0, epoch: int = 0, first: int = 0):
+    """Anchors (b, a) and counts (b,) of rows `first ..` with these lengths and response starts."""
+    lengths_t, starts_t = torch.tensor(lengths), torch.tensor(starts)
+    keys = anchor_keys(seed, epoch, torch.arange(first, first + len(lengths)))
+    slots = anchor_slots(lengths_t, starts_t, block, num)
+    return draw_anchors(lengths_t, starts_t, keys, block, num, slots, max(lengths))
+
+
+def pack(seqs, targets, anchors, block, weights=None, consistent=False, soft=None) -> BlockBatch:
+    """`build_block_batch` on per-row lists (padded here, as the trainer's collate pads them)."""
+    pad = lambda rows: torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # noqa: E731
+    a = max(1, max(len(x) for x in anchors))
+    anchor_pad = torch.stack([torch.cat([x, torch.zeros(a - len(x), dtype=torch.long)]) for x in anchors])
+    num_blocks = torch.tensor([len(x) for x in anchors])
+    weights = loss_weights(block) if weights is None else weights
+    soft_ids, soft_logprobs = (pad([s[0] for s in soft]), pad([s[1] for s in soft])) if soft else (None, None)
+    return build_block_batch(
+        pad(seqs), pad(targets), anchor_pad, num_blocks, block, MASK, weights, consistent, soft_ids, soft_logprobs
+    )
+
+
+def reference_block_batch(input_ids, predictions, top, anchors, block_size, mask_token_id, weights, by_target):
+    """The block builder the trainer used before it ran on the device (commit 8abfa4b: a loop over sequences,
+    labels and soft labels shifted per sequence), kept as the oracle the vectorised builder must equal bit for bit.
+    `predictions` (b, n) and `top` ((b, n, k) ids, log-probabilities) are the target's padded outputs, or None."""
+    lengths = [len(ids) for ids in input_ids]
+    targets = list(input_ids)
+    if by_target:
+        targets = [labels_from_predictions(ids, predictions[r, : lengths[r]]) for r, ids in enumerate(input_ids)]
+    soft = None
+    if top is not None:
+        soft = [soft_labels_from_top_k(top[0][r, :length], top[1][r, :length]) for r, length in enumerate(lengths)]
+    b, n = len(input_ids), max(lengths)
+    a = max(1, max(anc.shape[0] for anc in anchors))
+    offsets = torch.arange(block_size)  # (B,)
+    anchor_pad = torch.zeros(b, a, dtype=torch.long)
+    noise = torch.full((b, a, block_size), mask_token_id, dtype=torch.long)
+    labels = torch.full((b, a, block_size), IGNORE_INDEX, dtype=torch.long)
+    k = soft[0][0].shape[-1] if soft else 0
+    soft_ids = torch.zeros(b, a, block_size, k, dtype=torch.long)
+    soft_logprobs = torch.full((b, a, block_size, k), float("-inf"))
+    for row, (ids, tgt, anc) in enumerate(zip(input_ids, targets, anchors, strict=True)):
+        m = anc.shape[0]
+        anchor_pad[row, :m] = anc
+        noise[row, :m, 0] = ids[anc]
+        block = anc[:, None] + offsets[None, :]  # (m, B) positions of each block
+        labels[row, :m, 1:] = tgt[block[:, 1:]]  # (m, B - 1): position k predicts the token at anchor + k
+        if by_target:
+            labels[row, :m][~consistent_prefix(ids[block], labels[row, :m])] = IGNORE_INDEX
+        if soft:
+            soft_ids[row, :m, 1:] = soft[row][0][block[:, 1:]]  # (m, B - 1, k)
+            soft_logprobs[row, :m, 1:] = soft[row][1][block[:, 1:]].float()
+    num_blocks = torch.tensor([anc.shape[0] for anc in anchors])
+    real = torch.arange(a)[None, :] < num_blocks[:, None]  # (b, a)
+    block_weights = weights[None, None, :] * real[:, :, None] * (labels != IGNORE_INDEX)  # (b, a, B)
+    block_positions = (anchor_pad[:, :, None] + offsets).reshape(b, a * block_size)  # (b, q)
+    position_ids = torch.cat([torch.arange(n).expand(b, n), block_positions], dim=1)  # (b, n + q)
+    return BlockBatch(
+        noise_ids=noise.reshape(b, -1),
+        position_ids=position_ids,
+        labels=labels.reshape(b, -1),
+        weights=block_weights.reshape(b, -1),
+        anchors=anchor_pad,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        soft_ids=soft_ids.reshape(b, a * block_size, k) if soft else None,
+        soft_logprobs=soft_logprobs.reshape(b, a * block_size, k) if soft else None,
+    )
+
+
+@pytest.mark.parametrize(("by_target", "top_k"), [(False, 0), (True, 0), (True, 3)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_vectorised_builder_equals_the_per_sequence_builder_bit_for_bit(by_target, top_k, block_size) -> None:
+    g = torch.Generator().manual_seed(block_size + top_k)
+    lengths = [90, 37, 64, block_size + 3, 120, 75]  # one row with a single candidate, padding everywhere
+    starts = [10, 20, 63 - block_size, 2, 0, 30]
+    for num_anchors in (1, 5, 512):
+        b, n = len(lengths), max(lengths)
+        ids = [torch.randint(4, 40, (length,), generator=g) for length in lengths]
+        # a target that agrees with the text most of the time, so the consistent prefix cuts some blocks
+        predictions = torch.randint(4, 40, (b, n), generator=g)
+        for r, row in enumerate(ids):
+            agree = torch.rand(len(row) - 1, generator=g) < 0.8
+            predictions[r, : len(row) - 1] = torch.where(agree, row[1:], predictions[r, : len(row) - 1])
+        top = None
+        if top_k:
+            top_ids = torch.randint(4, 40, (b, n, top_k), generator=g)
+            top_ids[..., 0] = predictions
+            top = (top_ids, torch.randn(b, n, top_k, generator=g).log_softmax(-1).half())  # fp16, as cached
+        anchors, num_blocks = draw(lengths, starts, block_size, num_anchors, seed=num_anchors)
+        per_row = [anchors[r, : num_blocks[r]] for r in range(b)]
+        weights = loss_weights(block_size)
+        expected = reference_block_batch(ids, predictions, top, per_row, block_size, MASK, weights, by_target)
+        padded = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
+        targets = labels_from_predictions(padded, predictions) if by_target else padded
+        soft = soft_labels_from_top_k(*top) if top else (None, None)
+        got = build_block_batch(padded, targets, anchors, num_blocks, block_size, MASK, weights, by_target, *soft)
+        for name in BlockBatch.__dataclass_fields__:
+            want, have = getattr(expected, name), getattr(got, name)
+            if isinstance(want, torch.Tensor):
+                assert have.dtype == want.dtype and torch.equal(have, want), name
+            else:
+                assert have == want, name
+        assert torch.equal(got.attention_mask, expected.attention_mask)
+        if by_target and num_anchors > 1:  # the consistent prefix dropped some supervised positions
+            query = torch.arange(got.labels.shape[1])
+            supervised = (query % block_size != 0) & (query // block_size < num_blocks[:, None])  # (b, q)
+            assert (got.labels[supervised] == IGNORE_INDEX).any()
+
+
 @pytest.mark.parametrize("block_size", [2, 4, 16])
 def test_mask_matches_brute_force(block_size: int) -> None:
-    g = torch.Generator().manual_seed(block_size)
     n = 40
-    rows = [sample_anchors(n, 5, block_size, 6, g), sample_anchors(n, 9, block_size, 6, g)]
-    a = max(len(r) for r in rows)
-    anchors = torch.stack([torch.cat([r, torch.zeros(a - len(r), dtype=torch.long)]) for r in rows])
+    anchors, _ = draw([n, n], [5, 9], block_size, 6, seed=block_size)
+    a = anchors.shape[1]
     mask = block_attention_mask(anchors, block_size, n)
     assert mask.shape == (2, 1, a * block_size, n + a * block_size) and mask.dtype == torch.bool
     for row in range(2):
@@ -54,7 +163,7 @@ def test_batch_labels_positions_and_weights() -> None:
     ids = torch.arange(100, 100 + n)
     anchors = torch.tensor([7, 12, 20])
     weights = loss_weights(block)
-    batch = build_block_batch([ids], [ids], [anchors], block, MASK, weights)
+    batch = pack([ids], [ids], [anchors], block, weights)
     labels = batch.labels.view(3, block)
     noise = batch.noise_ids.view(3, block)
     positions = batch.position_ids[0, n:].view(3, block)
@@ -72,18 +181,12 @@ def test_padded_blocks_carry_no_loss_and_see_only_themselves() -> None:
     block = 4
     seqs = [torch.arange(10, 30), torch.arange(40, 52)]
     anchors = [torch.tensor([5, 9, 14]), torch.tensor([6])]
-    batch = build_block_batch(seqs, seqs, anchors, block, MASK, loss_weights(block))
+    batch = pack(seqs, seqs, anchors, block)
     assert batch.noise_ids.shape == (2, 3 * block) and batch.attention_mask.shape == (2, 1, 12, 20 + 12)
     assert (batch.weights[1, block:] == 0).all() and (batch.labels[1, block:] == IGNORE_INDEX).all()
     assert not batch.attention_mask[1, 0, block:, :20].any()  # padded blocks see no context
     assert batch.attention_mask[..., 20:].any(dim=-1).all()  # no all-False row anywhere
     assert not batch.attention_mask[1, 0, :, 12:20].any()  # the short row never sees its padded context
-
-
-def test_blocks_never_run_past_the_end() -> None:
-    ids = torch.arange(10)
-    with pytest.raises(ValueError, match="past the sequence end"):
-        build_block_batch([ids], [ids], [torch.tensor([7])], 4, MASK, loss_weights(4))
 
 
 @pytest.mark.parametrize(("block_size", "gamma"), [(16, 7.0), (10, 5.0), (8, 4.0)])
@@ -98,19 +201,32 @@ def test_loss_weights_formula(block_size: int, gamma: float) -> None:
 
 def test_anchors_are_response_tokens_with_room_for_a_block() -> None:
     block, n, start = 8, 60, 20
-    for seed in range(50):
-        anchors = sample_anchors(n, start, block, 10, anchor_generator(0, seed, 3))
-        assert len(anchors) == 10 and len(set(anchors.tolist())) == 10
+    for epoch in range(50):
+        anchors, count = draw([n], [start], block, 10, epoch=epoch, first=3)
+        anchors = anchors[0]
+        assert count.tolist() == [10] and len(anchors) == 10 and len(set(anchors.tolist())) == 10
         assert (anchors >= start).all() and (anchors + block <= n).all()
         assert torch.equal(anchors, anchors.sort().values)
-    assert len(sample_anchors(n, start, block, 1000, anchor_generator(0, 0, 0))) == n - block - start + 1
-    assert len(sample_anchors(25, 20, block, 4, anchor_generator(0, 0, 0))) == 0  # response shorter than a block
+    anchors, count = draw([n, 25, n], [start, 20, 0], block, 1000)
+    assert count.tolist() == [n - block - start + 1, 0, n - block] and anchors.shape == (3, n - block)
+    assert anchors[0, : count[0]].tolist() == list(range(start, n - block + 1))  # every candidate, in order
+    assert (anchors[1] == 0).all()  # a response shorter than a block: no anchor, all padding
+    assert anchors[2, 0] == 1  # position 0 has no context: never an anchor
 
 
-def test_anchors_are_redrawn_each_epoch_and_reproducible() -> None:
-    draw = lambda epoch, index: sample_anchors(200, 10, 16, 8, anchor_generator(7, epoch, index)).tolist()  # noqa: E731
-    assert draw(0, 5) == draw(0, 5)
-    assert draw(0, 5) != draw(1, 5) and draw(0, 5) != draw(0, 6)
+def test_anchors_are_redrawn_each_epoch_reproducible_and_independent_of_the_batch() -> None:
+    def one(epoch: int, index: int, lengths=(200,), row: int = 0) -> list[int]:
+        anchors, count = draw(list(lengths), [10] * len(lengths), 16, 8, seed=7, epoch=epoch, first=index - row)
+        return anchors[row, : count[row]].tolist()
+
+    assert one(0, 5) == one(0, 5)
+    assert one(0, 5) != one(1, 5) and one(0, 5) != one(0, 6)
+    assert one(0, 5) == one(0, 5, lengths=(90, 200, 300), row=1)  # other rows and more padding change nothing
+    uniform = torch.zeros(200)
+    for epoch in range(400):
+        uniform[one(epoch, 0)] += 1
+    assert uniform[:10].sum() == 0 and uniform[185:].sum() == 0
+    assert uniform[10:185].min() >= 3 and uniform[10:185].max() <= 45  # 175 candidates, 8 of them: mean 18.3
 
 
 def test_target_prediction_labels_shift_by_one() -> None:
@@ -133,7 +249,7 @@ def test_target_labels_on_foreign_text_drop_inconsistent_positions() -> None:
     ids = torch.arange(20, 40)
     targets = ids.clone()
     targets[13] = 0  # the target would not have written ids[13]: from block position 13 - anchor + 1 on, drop
-    batch = build_block_batch([ids], [targets], [torch.tensor([10])], 6, MASK, loss_weights(6), consistent=True)
+    batch = pack([ids], [targets], [torch.tensor([10])], 6, consistent=True)
     assert batch.labels[0].tolist() == [IGNORE_INDEX, 31, 32, 0, IGNORE_INDEX, IGNORE_INDEX]
     assert (batch.weights[0, 4:] == 0).all() and (batch.weights[0, 1:4] > 0).all()
 
@@ -146,16 +262,3 @@ def test_sequences_drop_responses_shorter_than_a_block() -> None:
     seqs = sequences_from_responses(rows, block_size=4)
     assert [s.id for s in seqs] == ["a"] and seqs[0].response_start == 3 and len(seqs[0].input_ids) == 13
     assert sequences_from_responses(rows, block_size=4, max_seq_len=6) == []
-
-
-def test_epoch_plan_covers_each_sequence_once_per_epoch_across_processes() -> None:
-    plans = [EpochPlan(21, batch_size=2, grad_accum=2, world_size=2, seed=3) for _ in range(2)]
-    assert plans[0].steps_per_epoch == 2  # 8 sequences per step; the tail of 5 waits for another epoch
-    seen = []
-    for step in range(2):
-        for rank, plan in enumerate(plans):
-            epoch, micro = plan.micro_batches(step, rank)
-            assert epoch == 0 and len(micro) == 2 and all(len(m) == 2 for m in micro)
-            seen += [i for m in micro for i in m]
-    assert len(seen) == len(set(seen)) == 16
-    assert plans[0].micro_batches(2, 0)[0] == 1 and plans[0].order(0).tolist() != plans[0].order(1).tolist()

@@ -70,7 +70,8 @@ def test_soft_labels_land_on_the_block_positions_they_describe() -> None:
     soft = soft_labels_from_top_k(top_ids, top_logprobs)
     labels = labels_from_predictions(ids, top_ids[:, 0])
     anchors = torch.tensor([3, 9])
-    batch = build_block_batch([ids], [labels], [anchors], B, 0, loss_weights(B), consistent=True, soft=[soft])
+    batch = build_block_batch(ids[None], labels[None], anchors[None], torch.tensor([2]), B, 0, loss_weights(B), True,
+                              soft[0][None], soft[1][None])  # fmt: skip
     assert batch.soft_ids.shape == (1, 2 * B, 2)
     for j, anchor in enumerate(anchors.tolist()):
         for k in range(1, B):  # position k predicts the token at anchor + k: the target's top-k at anchor + k - 1

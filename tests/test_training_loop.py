@@ -77,6 +77,7 @@ def test_short_run_lowers_loss_and_raises_tau(tmp_path) -> None:
     assert untrained.tau < 1.1 and trained > untrained.tau + 0.3, (untrained.tau, trained)
     final = [r for r in log if r["event"] == "train"][-1]
     assert len(final["acc_by_position"]) == 3 and final["acc_by_position"][0] > 0.3
+    assert final["target_tokens_per_s"] > 0 and 0 < final["data_share"] < 1 and 0 < final["target_share"] < 1
 
 
 @pytest.mark.parametrize("target_dtype", [torch.float32, torch.bfloat16])
@@ -161,9 +162,9 @@ def test_flex_block_mask_gives_the_dense_masks_forward(tmp_path) -> None:
     drafter = make_drafter(target, block_size=4, seed=5).eval()
     n, block = 30, 4
     anchors = torch.tensor([[3, 9, 17, 22], [5, 11, 0, 0]])  # the second row has two padded blocks
-    ids = [random_prompt(0, n)[0], random_prompt(1, n)[0]]
+    ids = torch.cat([random_prompt(0, n), random_prompt(1, n)])  # (2, n)
     batch = build_block_batch(
-        ids, ids, [anchors[0], anchors[1, :2]], block, drafter.mask_token_id, loss_weights(block)
+        ids, ids, anchors, torch.tensor([4, 2]), block, drafter.mask_token_id, loss_weights(block)
     )
     context = torch.randn(2, n, drafter.fc.in_features)
     embeds = target.get_input_embeddings()(batch.noise_ids)

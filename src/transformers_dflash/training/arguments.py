@@ -38,6 +38,7 @@ TRAIN_FLAGS = {
     "gradient_checkpointing": "gradient_checkpointing",
     "attention": "attention",
     "seed": "seed",
+    "bucket_window": "bucket_window",
     "log_every": "log_every",
     "eval_every": "eval_every",
     "save_every": "save_every",
@@ -235,6 +236,14 @@ def _train_flags() -> argparse.ArgumentParser:
         choices=("auto", "dense", "flex"),
         default="auto",
         help="packed-block mask: flex attention (only visible tiles computed) or a dense mask; auto: flex on CUDA",
+    )
+    g.add_argument(
+        "--bucket-window",
+        type=int,
+        default=64,
+        metavar="N",
+        help="length buckets: each epoch's order is sorted by length in windows of N micro-batches, so a batch "
+        "holds sequences of similar length (less padding); 0 = unsorted batches (default: %(default)s)",
     )
     g.add_argument("--log-every", type=int, default=10, help="steps between log lines (default: %(default)s)")
     g.add_argument("--eval-every", type=int, default=0, help="steps between tau evals; 0 = every epoch")

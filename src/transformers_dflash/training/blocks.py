@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -37,57 +36,34 @@ def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
     return torch.where(k == 0, torch.zeros(()), torch.exp(-(k - 1) / gamma))
 
 
-def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """The RNG that draws the anchors of sequence `index` in `epoch`: independent of data order and process rank,
-    so anchors are redrawn every epoch and a resumed run draws exactly what an uninterrupted one would."""
-    state = np.random.SeedSequence([seed, epoch, index]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-
-
-def sample_anchors(
-    seq_len: int, response_start: int, block_size: int, num_anchors: int, generator: torch.Generator
-) -> torch.LongTensor:
-    """Sorted random anchor positions, without repetition, for one sequence.
-
-    An anchor is a response token (position >= `response_start`, and >= 1 so some context exists) whose whole block
-    `anchor .. anchor + block_size - 1` lies inside the sequence. Returns (a,) with a = min(num_anchors, candidates),
-    possibly 0 (response shorter than a block).
-    """
-    first, last = max(response_start, 1), seq_len - block_size  # inclusive range of valid anchors
-    candidates = last - first + 1
-    if candidates <= 0 or num_anchors <= 0:
-        return torch.zeros(0, dtype=torch.long)
-    picked = torch.randperm(candidates, generator=generator)[: min(num_anchors, candidates)]
-    return (picked + first).sort().values
-
-
 def labels_from_predictions(input_ids: torch.LongTensor, predictions: torch.LongTensor) -> torch.LongTensor:
-    """(n,) per-position targets from the target's argmax: position p is labelled with the target's prediction at p - 1.
-
-    The alternative to using the sequence's own tokens (which equal these for greedily regenerated responses).
+    """(..., n) per-position targets from the target's argmax: position p is labelled with the target's prediction at
+    p - 1. The alternative to using the sequence's own tokens (which equal these for greedily regenerated responses).
     Position 0 keeps its token; it is never a label (anchors are >= 1 and carry no loss).
     """
-    return torch.cat([input_ids[:1], predictions[:-1]])
+    return torch.cat([input_ids[..., :1], predictions[..., :-1]], dim=-1)
 
 
 def soft_labels_from_top_k(top_ids: torch.LongTensor, top_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, k) top-k per position -> (n, k) soft labels per position: position p gets the target's top-k at p - 1
-    (its distribution for the token at p), as `labels_from_predictions` does for the argmax. Row 0 is never read."""
-    return torch.cat([top_ids[:1], top_ids[:-1]]), torch.cat([top_logprobs[:1], top_logprobs[:-1]])
+    """(..., n, k) top-k per position -> (..., n, k) soft labels per position: position p gets the target's top-k at
+    p - 1 (its distribution for the token at p), as `labels_from_predictions` does for the argmax. Row 0 is never
+    read."""
+    shift = lambda x: torch.cat([x[..., :1, :], x[..., :-1, :]], dim=-2)  # noqa: E731
+    return shift(top_ids), shift(top_logprobs)
 
 
 def consistent_prefix(block_tokens: torch.LongTensor, block_labels: torch.LongTensor) -> torch.Tensor:
-    """(m, B) bool: which block positions keep their label when labels are the target's argmax on foreign text.
+    """(..., B) bool: which block positions keep their label when labels are the target's argmax on foreign text.
 
     Position k (>= 1) of a block is labelled with the target's prediction after the sequence's tokens up to
     anchor + k - 1. That is the target's own greedy continuation only while the sequence agreed with the target
-    at positions 1..k-1 of the block, so position k is kept iff `block_tokens[:, j] == block_labels[:, j]` for
+    at positions 1..k-1 of the block, so position k is kept iff `block_tokens[..., j] == block_labels[..., j]` for
     every 1 <= j < k. Position 1 is always kept; the anchor (0) never is. For responses the target regenerated
     greedily, tokens and predictions agree and every position is kept.
     """
-    agree = (block_tokens[:, 1:-1] == block_labels[:, 1:-1]).int().cumprod(dim=1).bool()  # (m, B - 2)
-    edge = torch.ones(block_tokens.shape[0], 1, dtype=torch.bool, device=block_tokens.device)  # (m, 1)
-    return torch.cat([~edge, edge, agree], dim=1)  # (m, B): anchor never, position 1 always, then the prefix
+    agree = (block_tokens[..., 1:-1] == block_labels[..., 1:-1]).int().cumprod(dim=-1).bool()  # (..., B - 2)
+    edge = torch.ones(*block_tokens.shape[:-1], 1, dtype=torch.bool, device=block_tokens.device)  # (..., 1)
+    return torch.cat([~edge, edge, agree], dim=-1)  # (..., B): anchor never, position 1 always, then the prefix
 
 
 def block_attention_mask(anchors: torch.LongTensor, block_size: int, context_len: int) -> torch.Tensor:
@@ -137,6 +113,7 @@ class BlockBatch:
         block_size: tokens per block (anchor included).
         soft_ids: (b, q, k) the target's top-k candidates for each query's token (distillation), or None.
         soft_logprobs: (b, q, k) their log-probabilities, or None.
+        mask: the attention mask the trainer prepared with the batch (dense or flex), or None.
 
     The attention mask is built from the anchors when asked for, dense or as a flex `BlockMask`: a trainer that
     uses one never builds (nor moves to its device) the other.
@@ -151,6 +128,7 @@ class BlockBatch:
     block_size: int
     soft_ids: torch.LongTensor | None = None
     soft_logprobs: torch.Tensor | None = None
+    mask: torch.Tensor | BlockMask | None = None
 
     @property
     def context_len(self) -> int:
@@ -169,77 +147,72 @@ class BlockBatch:
     def to(self, device: torch.device | str) -> BlockBatch:
         """A copy with every tensor on `device`."""
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        return BlockBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()})
+        return BlockBatch(**{k: v if v is None or isinstance(v, int) else v.to(device) for k, v in fields.items()})
 
 
 def build_block_batch(
-    input_ids: list[torch.LongTensor],
-    targets: list[torch.LongTensor],
-    anchors: list[torch.LongTensor],
+    input_ids: torch.LongTensor,
+    targets: torch.LongTensor,
+    anchors: torch.LongTensor,
+    num_blocks: torch.LongTensor,
     block_size: int,
     mask_token_id: int,
     weights: torch.Tensor,
     consistent: bool = False,
-    soft: list[tuple[torch.LongTensor, torch.Tensor]] | None = None,
+    soft_ids: torch.LongTensor | None = None,
+    soft_logprobs: torch.Tensor | None = None,
 ) -> BlockBatch:
-    """Packs the blocks of several sequences into one batch (context padded to the longest sequence).
+    """Packs the blocks of a batch of sequences, vectorised: a few gathers on the inputs' device, no host sync.
 
     Args:
-        input_ids: per sequence (n_i,) token ids (the anchors' tokens are read here).
-        targets: per sequence (n_i,) the token each position should be predicted as: `input_ids` itself, or
+        input_ids: (b, n) token ids, right-padded (the anchors' tokens are read here).
+        targets: (b, n) the token each position should be predicted as: `input_ids` itself, or
             `labels_from_predictions(...)` for the target's own argmax.
-        anchors: per sequence (a_i,) anchor positions from `sample_anchors` (each <= n_i - block_size).
+        anchors: (b, a) anchor positions (`anchors.draw_anchors`), each real one <= length - block_size; padded 0.
+        num_blocks: (b,) real anchors per row (the first `num_blocks[r]` columns of row r).
         block_size: tokens per block (anchor included).
         mask_token_id: the drafter's mask id (the same one inference uses).
         weights: (block_size,) per-position loss weights from `loss_weights`.
         consistent: drop positions after the first disagreement of tokens and targets (`consistent_prefix`); use
             it when `targets` are the target's predictions.
-        soft: per sequence (n_i, k) top-k ids and log-probabilities aligned like `targets`
+        soft_ids, soft_logprobs: (b, n, k) the target's top-k ids and log-probabilities aligned like `targets`
             (`soft_labels_from_top_k`), for distillation; None for hard labels only.
 
     Padded blocks (rows with fewer anchors) have anchor 0, see no context, carry no loss; padded context
     positions are never visible since every real anchor lies inside its own sequence.
     """
-    b = len(input_ids)
-    n = max(ids.shape[0] for ids in input_ids)
-    a = max(1, max(anc.shape[0] for anc in anchors))
-    offsets = torch.arange(block_size)  # (B,)
-    anchor_pad = torch.zeros(b, a, dtype=torch.long)
-    noise = torch.full((b, a, block_size), mask_token_id, dtype=torch.long)
-    labels = torch.full((b, a, block_size), IGNORE_INDEX, dtype=torch.long)
-    k = soft[0][0].shape[-1] if soft else 0
-    soft_ids = torch.zeros(b, a, block_size, k, dtype=torch.long)
-    soft_logprobs = torch.full((b, a, block_size, k), float("-inf"))
-    for row, (ids, tgt, anc) in enumerate(zip(input_ids, targets, anchors, strict=True)):
-        if anc.numel() and int(anc.max()) + block_size > ids.shape[0]:
-            raise ValueError(
-                f"Anchor {int(anc.max())} + block {block_size} runs past the sequence end {ids.shape[0]}."
-            )
-        m = anc.shape[0]
-        anchor_pad[row, :m] = anc
-        noise[row, :m, 0] = ids[anc]
-        block = anc[:, None] + offsets[None, :]  # (m, B) positions of each block
-        labels[row, :m, 1:] = tgt[block[:, 1:]]  # (m, B - 1): position k predicts the token at anchor + k
-        if consistent:
-            labels[row, :m][~consistent_prefix(ids[block], labels[row, :m])] = IGNORE_INDEX
-        if soft:
-            soft_ids[row, :m, 1:] = soft[row][0][block[:, 1:]]  # (m, B - 1, k)
-            soft_logprobs[row, :m, 1:] = soft[row][1][block[:, 1:]].float()
-    num_blocks = torch.tensor([anc.shape[0] for anc in anchors])
-    real = torch.arange(a)[None, :] < num_blocks[:, None]  # (b, a)
-    block_weights = weights[None, None, :] * real[:, :, None] * (labels != IGNORE_INDEX)  # (b, a, B)
-    block_positions = (anchor_pad[:, :, None] + offsets).reshape(b, a * block_size)  # (b, q)
-    position_ids = torch.cat([torch.arange(n).expand(b, n), block_positions], dim=1)  # (b, n + q)
+    (b, n), a = input_ids.shape, anchors.shape[1]
+    device = input_ids.device
+    offsets = torch.arange(block_size, device=device)  # (B,)
+    real = torch.arange(a, device=device)[None, :] < num_blocks[:, None]  # (b, a)
+    block = (anchors[:, :, None] + offsets).reshape(b, a * block_size)  # (b, q) position of each query's token
+    tokens = input_ids.gather(1, block).view(b, a, block_size)  # (b, a, B)
+    supervised = real[:, :, None] & (offsets > 0)  # (b, a, B): position k >= 1 of a real block
+    labels = torch.where(supervised, targets.gather(1, block).view(b, a, block_size), IGNORE_INDEX)  # (b, a, B)
+    if consistent:
+        labels = torch.where(consistent_prefix(tokens, labels), labels, IGNORE_INDEX)
+    noise = torch.where(real[:, :, None] & (offsets == 0), tokens, mask_token_id)  # (b, a, B)
+    block_weights = weights.to(device)[None, None, :] * real[:, :, None] * (labels != IGNORE_INDEX)  # (b, a, B)
+    position_ids = torch.cat([torch.arange(n, device=device).expand(b, n), block], dim=1)  # (b, n + q)
+    soft = None
+    if soft_ids is not None and soft_logprobs is not None:
+        k = soft_ids.shape[-1]
+        index = block[:, :, None].expand(b, a * block_size, k)  # (b, q, k)
+        keep = supervised.view(b, a * block_size, 1)
+        soft = (
+            torch.where(keep, soft_ids.gather(1, index), 0),
+            torch.where(keep, soft_logprobs.gather(1, index).float(), float("-inf")),
+        )  # each (b, q, k)
     return BlockBatch(
         noise_ids=noise.reshape(b, -1),
         position_ids=position_ids,
         labels=labels.reshape(b, -1),
         weights=block_weights.reshape(b, -1),
-        anchors=anchor_pad,
+        anchors=anchors,
         num_blocks=num_blocks,
         block_size=block_size,
-        soft_ids=soft_ids.reshape(b, a * block_size, k) if soft else None,
-        soft_logprobs=soft_logprobs.reshape(b, a * block_size, k) if soft else None,
+        soft_ids=None if soft is None else soft[0],
+        soft_logprobs=None if soft is None else soft[1],
     )
 
 
@@ -247,7 +220,6 @@ __all__ = [
     "IGNORE_INDEX",
     "PAPER_GAMMA",
     "BlockBatch",
-    "anchor_generator",
     "block_attention_mask",
     "flex_block_mask",
     "build_block_batch",
@@ -255,6 +227,5 @@ __all__ = [
     "default_gamma",
     "labels_from_predictions",
     "loss_weights",
-    "sample_anchors",
     "soft_labels_from_top_k",
 ]

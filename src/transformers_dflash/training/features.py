@@ -349,23 +349,20 @@ class FeatureSource:
         """ "cached" or "online"."""
         return "online" if self.cache is None else "cached"
 
+    def online(self, input_ids: torch.LongTensor, lengths: torch.LongTensor) -> TargetFeatures:
+        """Features computed by the target for (b, n) right-padded `input_ids` with (b,) `lengths`, on their device
+        (causal attention: the real positions of each row are exact)."""
+        mask = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]  # (b, n)
+        return capture_features(
+            self.target, input_ids, self.target_layer_ids, mask.long(), self.with_predictions, top_k=self.top_k
+        )
+
     def __call__(self, sequences: list[tuple[str, torch.LongTensor]], device: torch.device) -> TargetFeatures:
         """Features of `(id, (n_i,) token ids)` sequences."""
         lengths = [ids.shape[0] for _, ids in sequences]
-        n = max(lengths)
         if self.cache is None:
-            ids = torch.zeros(len(sequences), n, dtype=torch.long)  # right padding: causal, so real rows are exact
-            mask = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]  # (b, n)
-            for row, (_, seq) in enumerate(sequences):
-                ids[row, : seq.shape[0]] = seq
-            return capture_features(
-                self.target,
-                ids.to(device),
-                self.target_layer_ids,
-                mask.long().to(device),
-                self.with_predictions,
-                top_k=self.top_k,
-            )
+            ids = torch.nn.utils.rnn.pad_sequence([seq for _, seq in sequences], batch_first=True)  # (b, n)
+            return self.online(ids.to(device), torch.tensor(lengths, device=device))
         parts = [self.cache.get(sequence_id) for sequence_id, _ in sequences]
         for part, length, (sequence_id, _) in zip(parts, lengths, sequences, strict=True):
             if part.hidden.shape[1] < length:  # a longer cached sequence is fine: features are causal, use a prefix

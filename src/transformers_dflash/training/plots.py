@@ -21,9 +21,12 @@ def read_log(path: str | Path) -> tuple[list[dict], list[dict]]:
 
 
 def _mean_accuracy(records: list[dict]) -> list[float]:
-    """Mean accuracy of each block position (1..B-1) over `records`."""
-    columns = zip(*(r["acc_by_position"] for r in records), strict=True)
-    return [statistics.fmean(a for a in column if a is not None) for column in columns]
+    """Mean accuracy of each block position (1..B-1) over `records`; NaN where a position was never supervised
+    (e.g. target-argmax labels on text that always leaves the target's greedy path before it)."""
+    columns = [
+        [a for a in column if a is not None] for column in zip(*(r["acc_by_position"] for r in records), strict=True)
+    ]
+    return [statistics.fmean(column) if column else float("nan") for column in columns]
 
 
 def plot_training_log(log_path: str | Path, out_path: str | Path) -> Path:

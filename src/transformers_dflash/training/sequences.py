@@ -1,8 +1,4 @@
-"""Training sequences: prompt + regenerated response as token ids, and the seeded per-epoch order of batches.
-
-The order is a pure function of (seed, epoch, step, rank), so the data position of a run is just its step count:
-a resumed run reads exactly the batches an uninterrupted one would, on any number of processes.
-"""
+"""Training sequences: prompt + regenerated response as token ids (their order per epoch: `batching`)."""
 
 from __future__ import annotations
 
@@ -53,40 +49,3 @@ def response_vocabulary(sequences: Iterable[TrainingSequence], extra_ids: Iterab
     """Sorted ids of every token that occurs in a response (plus `extra_ids`, e.g. eos): the restricted loss head."""
     seen = torch.cat([s.response_ids for s in sequences] + [torch.tensor(list(extra_ids), dtype=torch.long)])
     return torch.unique(seen)
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """Which sequences each process reads at each optimizer step.
-
-    Every epoch is a seeded permutation of the sequences; a step takes `batch_size * grad_accum` sequences per
-    process, and the tail that does not fill a step on every process is skipped (it comes back in other epochs).
-    """
-
-    num_sequences: int
-    batch_size: int
-    grad_accum: int
-    world_size: int
-    seed: int
-
-    @property
-    def per_step(self) -> int:
-        """Sequences consumed by one optimizer step on all processes together."""
-        return self.batch_size * self.grad_accum * self.world_size
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps in one epoch."""
-        return self.num_sequences // self.per_step
-
-    def order(self, epoch: int) -> torch.LongTensor:
-        """(num_sequences,) the permutation of `epoch`."""
-        return torch.randperm(self.num_sequences, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-
-    def micro_batches(self, step: int, rank: int) -> tuple[int, list[list[int]]]:
-        """(epoch, `grad_accum` lists of `batch_size` sequence indices) that process `rank` reads at global `step`."""
-        epoch, in_epoch = divmod(step, self.steps_per_epoch)
-        order = self.order(epoch).tolist()
-        start = in_epoch * self.per_step + rank * self.batch_size * self.grad_accum
-        mine = order[start : start + self.batch_size * self.grad_accum]
-        return epoch, [mine[i : i + self.batch_size] for i in range(0, len(mine), self.batch_size)]

@@ -2,9 +2,14 @@
 
 Each step packs many blocks of each sequence into one drafter forward (see `blocks`), scores the outputs with the
 target's frozen head (see `objective`), and takes an AdamW step (cosine schedule with warmup, gradient clipping).
-The data position is the step count (see `sequences.EpochPlan`) and anchors are drawn from (seed, epoch, sequence),
-so a run resumed from a checkpoint continues exactly as an uninterrupted one. The main process appends metrics to
-`train_log.jsonl` and, periodically, measures the real acceptance length tau on held-out prompts.
+The data position is the step count (see `batching.EpochPlan`: length-bucketed batches) and anchors are drawn from
+(seed, epoch, sequence), so a run resumed from a checkpoint continues exactly as an uninterrupted one.
+
+A step keeps the device busy: a background thread prepares the next host batches (padded ids, cached features;
+pinned on a GPU), and everything else - target features when online, anchors, labels, positions, the mask - is
+built on the device, vectorised over the batch (`anchors`, `blocks`). The main process appends metrics to
+`train_log.jsonl` (with target tokens/s and the share of step time spent preparing data) and, periodically,
+measures the real acceptance length tau on held-out prompts.
 """
 
 from __future__ import annotations
@@ -24,21 +29,15 @@ from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
 from ..configuration_dflash import DFlashConfig
 from ..drafter import DFlashDraftModel
-from .blocks import (
-    BlockBatch,
-    anchor_generator,
-    build_block_batch,
-    labels_from_predictions,
-    loss_weights,
-    sample_anchors,
-    soft_labels_from_top_k,
-)
+from .anchors import draw_anchors
+from .batching import EpochPlan, HostBatch, Prefetcher, collate
+from .blocks import BlockBatch, build_block_batch, labels_from_predictions, loss_weights, soft_labels_from_top_k
 from .checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from .evaluate import measure_tau
 from .features import FeatureCache, FeatureSource, TargetFeatures
 from .objective import DraftObjective, ObjectiveOutput
 from .resume import check_drafter_config, check_train_config, trim_log
-from .sequences import EpochPlan, TrainingSequence, response_vocabulary
+from .sequences import TrainingSequence, response_vocabulary
 
 LOG_FILE = "train_log.jsonl"
 
@@ -68,6 +67,8 @@ class TrainConfig:
             `BlockMask`: only the visible tiles are computed; not on the CPU, where torch has no flex backward) or
             "auto" (flex on CUDA, dense elsewhere).
         seed: seed of data order, anchors and init.
+        bucket_window: micro-batches per length-sorted window of the epoch's order (batches of similar lengths,
+            less padding); 0 = batches are plain slices of the permutation.
         log_every, eval_every, save_every: in optimizer steps; 0 = at the end of every epoch.
         keep_checkpoints: newest checkpoints kept.
         eval_max_new_tokens: tokens generated per held-out prompt when measuring tau.
@@ -92,6 +93,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     attention: str = "auto"
     seed: int = 0
+    bucket_window: int = 64
     log_every: int = 10
     eval_every: int = 0
     save_every: int = 0
@@ -127,7 +129,14 @@ class _Meter:
     def __init__(self, block_size: int, device: torch.device) -> None:
         self.block_size = block_size
         self.sums = torch.zeros(len(self._SCALARS) + 2 * block_size, device=device)
+        self.seconds = {"data": 0.0, "target": 0.0}  # host time of this process, between two flushes
         self.start = time.perf_counter()
+
+    def time(self, kind: str, since: float) -> float:
+        """Adds the host time from `since` to now to `kind` ("data" or "target"); returns now."""
+        now = time.perf_counter()
+        self.seconds[kind] += now - since
+        return now
 
     def add(self, out: ObjectiveOutput, sequences: int, context_tokens: int) -> None:
         """Adds one micro-batch."""
@@ -142,7 +151,9 @@ class _Meter:
         correct = values[len(self._SCALARS) : len(self._SCALARS) + self.block_size]
         total = values[len(self._SCALARS) + self.block_size :]
         seconds = time.perf_counter() - self.start
+        shares = {f"{kind}_share": round(value / seconds, 4) for kind, value in self.seconds.items()}
         self.sums.zero_()
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
         self.start = time.perf_counter()
         return {
             "loss": sums["loss"] / max(sums["micro_batches"], 1),
@@ -151,6 +162,7 @@ class _Meter:
             "samples_per_s": sums["sequences"] / seconds,
             "target_tokens_per_s": sums["context_tokens"] / seconds,
             "block_tokens_per_s": sums["blocks"] * self.block_size / seconds,
+            **shares,  # data_share: waiting for / building batches; target_share: the online target forward
         }
 
 
@@ -201,8 +213,10 @@ class DFlashTrainer:
         self.target = target.to(device).eval().requires_grad_(False)
         self.block_size, self.mask_token_id = drafter.block_size, drafter.mask_token_id
         self.plan = EpochPlan(
-            len(sequences), config.batch_size, config.grad_accum, self.accelerator.num_processes, config.seed
-        )
+            len(sequences), config.batch_size, config.grad_accum, self.accelerator.num_processes, config.seed,
+            lengths=tuple(len(s.input_ids) for s in sequences) if config.bucket_window else None,
+            bucket_window=config.bucket_window,
+        )  # fmt: skip
         if self.plan.steps_per_epoch == 0:
             raise ValueError(
                 f"{len(sequences)} sequences do not fill one step of {self.plan.per_step} "
@@ -216,7 +230,7 @@ class DFlashTrainer:
         self.objective = DraftObjective(
             target.get_input_embeddings(), target.get_output_embeddings(), self.block_size, vocabulary, config.distill
         ).to(device)
-        self.weights = loss_weights(self.block_size, config.gamma)
+        self.weights = loss_weights(self.block_size, config.gamma).to(device)
         self.features = FeatureSource(
             target,
             drafter.target_layer_ids,
@@ -255,48 +269,57 @@ class DFlashTrainer:
             with (self.output_dir / LOG_FILE).open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
 
+    def host_batch(self, indices: list[int], epoch: int) -> HostBatch:
+        """The host side of the micro-batch `indices` in `epoch` (cached features read here; pinned on a GPU)."""
+        cached = self.features.cache is not None
+        host = collate(
+            self.sequences, indices, self.config.seed, epoch, self.block_size, self.config.num_anchors,
+            features=(lambda seqs: self.features(seqs, torch.device("cpu"))) if cached else None,
+        )  # fmt: skip
+        return host.pin_memory() if self.accelerator.device.type == "cuda" else host
+
+    def device_batch(self, host: HostBatch, meter: _Meter | None = None) -> tuple[BlockBatch, TargetFeatures]:
+        """The packed blocks and target features of a host batch, built on the device without per-row work."""
+        now = time.perf_counter()
+        dev = host.to(self.accelerator.device)
+        feats = dev.features
+        if feats is None:
+            now = meter.time("data", now) if meter else now
+            feats = self.features.online(dev.input_ids, dev.lengths)  # (b, n, F * H) on the device
+            now = meter.time("target", now) if meter else now
+        targets, consistent = dev.input_ids, self.config.labels == "target"
+        if consistent:
+            targets = labels_from_predictions(dev.input_ids, feats.predictions)  # (b, n)
+        soft = (None, None)
+        if feats.top_ids is not None:
+            soft = soft_labels_from_top_k(feats.top_ids, feats.top_logprobs)  # each (b, n, k)
+        n = host.input_ids.shape[1]
+        anchors, num_blocks = draw_anchors(
+            dev.lengths, dev.response_starts, dev.keys, self.block_size, self.config.num_anchors, host.slots, n
+        )
+        batch = build_block_batch(
+            dev.input_ids, targets, anchors, num_blocks, self.block_size, self.mask_token_id, self.weights,
+            consistent=consistent, soft_ids=soft[0], soft_logprobs=soft[1],
+        )  # fmt: skip
+        batch.mask = batch.flex_mask() if self.flex else batch.attention_mask  # (b, 1, q, n + q) or a BlockMask
+        if meter:
+            meter.time("data", now)
+        return batch, feats
+
     def make_batch(self, indices: list[int], epoch: int) -> tuple[BlockBatch, TargetFeatures]:
         """The packed blocks and target features of sequences `indices` in `epoch`."""
-        seqs = [self.sequences[i] for i in indices]
-        feats = self.features([(s.id, s.input_ids) for s in seqs], self.accelerator.device)
-        by_target = self.config.labels == "target"
-        targets = [s.input_ids for s in seqs]
-        if by_target:
-            preds = feats.predictions.cpu()
-            targets = [labels_from_predictions(s.input_ids, preds[r, : len(s.input_ids)]) for r, s in enumerate(seqs)]
-        soft = None
-        if feats.top_ids is not None:
-            top_ids, top_logprobs = feats.top_ids.cpu(), feats.top_logprobs.cpu()
-            soft = [
-                soft_labels_from_top_k(top_ids[r, : len(s.input_ids)], top_logprobs[r, : len(s.input_ids)])
-                for r, s in enumerate(seqs)
-            ]
-        anchors = [
-            sample_anchors(
-                len(s.input_ids), s.response_start, self.block_size, self.config.num_anchors,
-                anchor_generator(self.config.seed, epoch, i),
-            )
-            for i, s in zip(indices, seqs, strict=True)
-        ]  # fmt: skip
-        batch = build_block_batch(
-            [s.input_ids for s in seqs],
-            targets,
-            anchors,
-            self.block_size,
-            self.mask_token_id,
-            self.weights,
-            consistent=by_target,
-            soft=soft,
-        )
-        return batch.to(self.accelerator.device), feats
+        return self.device_batch(self.host_batch(indices, epoch))
 
     def loss(self, batch: BlockBatch, feats: TargetFeatures) -> ObjectiveOutput:
         """One packed forward of the drafter and its objective."""
+        mask = batch.mask
+        if mask is None:  # a batch built outside `device_batch`
+            mask = batch.flex_mask() if self.flex else batch.attention_mask
         hidden = self.model(
             noise_embeds=self.objective.embed(batch.noise_ids),
             context_hidden_states=feats.hidden,
             position_ids=batch.position_ids,
-            attention_mask=batch.flex_mask() if self.flex else batch.attention_mask,
+            attention_mask=mask,
         ).last_hidden_state  # (b, q, H)
         with self.accelerator.autocast():
             return self.objective(hidden, batch.labels, batch.weights, batch.soft_ids, batch.soft_logprobs)
@@ -366,31 +389,47 @@ class DFlashTrainer:
         start_wall, start_step = time.perf_counter() - self.state["wall_seconds"], self.state["step"]
         meter = _Meter(self.block_size, acc.device)
         bar = tqdm(total=stop, initial=start_step, desc="train", unit="step", disable=not acc.is_local_main_process)
-        for step in range(start_step, stop):
+
+        def host_step(step: int) -> tuple[int, list[HostBatch]]:
             epoch, micro_batches = self.plan.micro_batches(step, acc.process_index)
-            for k, indices in enumerate(micro_batches):
-                batch, feats = self.make_batch(indices, epoch)
-                sync = contextlib.nullcontext() if k == len(micro_batches) - 1 else acc.no_sync(self.model)
-                with sync:
-                    out = self.loss(batch, feats)
-                    acc.backward(out.loss / len(micro_batches))
-                meter.add(out, len(indices), sum(len(self.sequences[i].input_ids) for i in indices))
-            grad_norm = acc.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            self.state.update(step=done, epoch=epoch, wall_seconds=time.perf_counter() - start_wall)
-            bar.update(1)
-            if self._due(config.log_every, done) or done == stop:
-                record = meter.flush(acc)
-                record.update(step=done, epoch=epoch, lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm))
-                record["wall_seconds"] = round(self.state["wall_seconds"], 1)
-                self._log({"event": "train", **record})
-                bar.set_postfix(loss=f"{record['loss']:.3f}", acc1=record["acc_by_position"][0])
-            if self._due(config.eval_every, done):
-                self.evaluate()
-            if self._due(config.save_every, done) or done == stop:
-                self.save()
+            return epoch, [self.host_batch(indices, epoch) for indices in micro_batches]
+
+        prefetch = Prefetcher(host_step, start_step, stop)
+        try:
+            waited = time.perf_counter()
+            for step, (epoch, hosts) in enumerate(prefetch, start=start_step):
+                meter.time("data", waited)
+                for k, host in enumerate(hosts):
+                    batch, feats = self.device_batch(host, meter)
+                    sync = contextlib.nullcontext() if k == len(hosts) - 1 else acc.no_sync(self.model)
+                    with sync:
+                        out = self.loss(batch, feats)
+                        acc.backward(out.loss / len(hosts))
+                    meter.add(out, len(host.ids), host.tokens)
+                grad_norm = acc.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                done = step + 1
+                self.state.update(step=done, epoch=epoch, wall_seconds=time.perf_counter() - start_wall)
+                bar.update(1)
+                if self._due(config.log_every, done) or done == stop:
+                    record = meter.flush(acc)
+                    record.update(
+                        step=done, epoch=epoch, lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm)
+                    )
+                    record["wall_seconds"] = round(self.state["wall_seconds"], 1)
+                    self._log({"event": "train", **record})
+                    bar.set_postfix(
+                        loss=f"{record['loss']:.3f}", acc1=record["acc_by_position"][0],
+                        tok_s=f"{record['target_tokens_per_s']:.0f}", data=f"{record['data_share']:.0%}",
+                    )  # fmt: skip
+                if self._due(config.eval_every, done):
+                    self.evaluate()
+                if self._due(config.save_every, done) or done == stop:
+                    self.save()
+                waited = time.perf_counter()
+        finally:
+            prefetch.close()
         bar.close()
         return self.state

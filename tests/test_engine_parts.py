@@ -36,10 +36,13 @@ def test_choose_width_follows_the_drafters_confidence():
     mixed = torch.tensor([[0.99] * 15, [0.2] * 15])
     assert choose_width(mixed, torch.tensor([False, True]), costs) == 16  # finished rows do not count
     assert choose_width(mixed, torch.tensor([True, False]), costs) == 2
+    with_plain = {1: 0.9, **costs}  # width 1 verifies the anchor alone: a plain decoding step
+    assert choose_width(torch.full((2, 15), 0.05), done, with_plain) == 1  # a hopeless draft is not verified
+    assert choose_width(torch.full((2, 15), 0.2), done, with_plain) == 2
 
 
 def test_measured_costs_grow_with_the_width():
-    assert candidate_widths(16) == [2, 4, 8, 16] and candidate_widths(6) == [2, 4, 6]
+    assert candidate_widths(16) == [1, 2, 4, 8, 16] and candidate_widths(6) == [1, 2, 4, 6]
     seconds = {2: 0.004, 4: 0.0005, 8: 0.008}  # as if a burst of load had slowed width 2 down
     costs = measure_step_costs(lambda: time.sleep(0.002), lambda w: time.sleep(seconds[w]), [2, 4, 8], "cpu", 2)
     assert list(costs) == [2, 4, 8] and costs[2] == costs[4] < costs[8]  # never cheaper for more tokens

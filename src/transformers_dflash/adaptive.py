@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 
 def candidate_widths(block_size: int) -> list[int]:
-    """Verify widths worth measuring: powers of two from 2, and the whole block."""
-    return sorted({min(2**i, block_size) for i in range(1, block_size.bit_length() + 1)})
+    """Verify widths worth measuring: 1 (the anchor alone: a plain decoding step), powers of two, the whole block."""
+    return sorted({min(2**i, block_size) for i in range(block_size.bit_length() + 1)})
 
 
 def measure_step_costs(
@@ -98,8 +99,8 @@ def choose_width(confidence: torch.Tensor, done: torch.Tensor, costs: dict[int, 
         done: (b,) rows that no longer decode.
         costs: seconds per step for each candidate width.
     """
-    expected = 1 + torch.cumprod(confidence.float(), dim=1).cumsum(dim=1)  # (b, B - 1): verifying 1, 2, ... drafts
-    expected = expected.masked_fill(done[:, None], 0).sum(dim=0)  # (B - 1,)
+    expected = 1 + F.pad(torch.cumprod(confidence.float(), dim=1).cumsum(dim=1), (1, 0))  # (b, B): 0, 1, ... drafts
+    expected = expected.masked_fill(done[:, None], 0).sum(dim=0)  # (B,)
     widths = list(costs)
-    gains = expected[torch.tensor(widths, device=expected.device) - 2].cpu()  # the host sync
+    gains = expected[torch.tensor(widths, device=expected.device) - 1].cpu()  # the host sync
     return widths[int((gains / torch.tensor(list(costs.values()))).argmax())]

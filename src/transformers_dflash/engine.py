@@ -37,8 +37,10 @@ from .compat import cache_kwarg
 from .compiled_steps import compiled_steps
 from .draft_vocab import DraftHead
 from .drafter_types import as_native_drafter
+from .hybrid import DRAFTER, LOOKUP, hybrid_proposal
 from .engine_rows import _Rows, cut_at_criteria
 from .modeling_dflash import additive_attention_mask, extract_context_features, hidden_state_indices
+from .ngram_lookup import NgramLookup
 from .pair_check import check_pair
 from .special_ids import pad_token_id_of, stop_token_ids_of
 from .static_cache import SlotCache
@@ -168,12 +170,14 @@ class DFlashEngine:
         return_stats: bool = True,
         stopping_criteria: list[StoppingCriteria] | None = None,
         stream_prompt: bool = True,
+        lookup: bool = False,
     ) -> DFlashOutput:
         """Decodes every row of `input_ids` (b, P), left-padded per `attention_mask`; see [`dflash_generate`].
 
         `stopping_criteria` are extra Transformers criteria checked per row on each committed prefix (the
         `custom_generate` path); `stream_prompt=False` when the caller already streamed the prompt. Rows that
-        finish leave the batch (unless the steps are compiled or logits processors hold per-row state).
+        finish leave the batch (unless the steps are compiled or logits processors hold per-row state). `lookup`:
+        hybrid drafting (`hybrid.py`), each row's step proposes the drafter's block or its prompt-lookup continuation.
         """
         if self.drafter is not None:
             check_pair(self.target, self.drafter)  # cached per pair; redone if a model moved since the last call
@@ -214,6 +218,10 @@ class DFlashEngine:
             )
             rows.tokens[:, 0] = first
         host = torch.stack([rows.done.long(), rows.generated, first], dim=1).tolist()  # per row [done, n, *tokens]
+        # hybrid drafting: each row's n-gram index over its context (the loop adds each step's tokens) and the
+        # lookup tokens its last proposal led with, with the n-gram length of their match
+        lookups = [NgramLookup(input_ids[r][mask[r].bool()].tolist()) for r in range(b)] if lookup else None
+        led = [(0, 0)] * b
         generated = [0] * b  # host copy of rows.generated
         prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
@@ -231,6 +239,13 @@ class DFlashEngine:
                 generated[r] += count
                 if stats.verify_widths and count:
                     stats.accept_lengths[origin[r]].append(count)
+                if lookups is not None:
+                    lookups[r].extend(host[r][2 : 2 + count])
+                    (n, proposed), accepted = led[r], count - 1
+                    if proposed and count:
+                        lookups[r].record(n, proposed, accepted)
+                    if stats.verify_widths and count:
+                        stats.proposers[origin[r]].append(LOOKUP if proposed else DRAFTER)
             if streamer is not None and host[0][1]:
                 streamer.put(torch.tensor(host[0][2 : 2 + host[0][1]]))
             finished = [r for r, (done, *_) in enumerate(host) if done]
@@ -245,6 +260,8 @@ class DFlashEngine:
                     if cache is not None:
                         cache.keep_rows(index)
                 host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
+                if lookups is not None:
+                    lookups, led = [lookups[r] for r in keep], [led[r] for r in keep]
 
             furthest = max(prompt_lens[o] + n for o, n in zip(origin, generated, strict=True))  # > every anchor
             reach = self._reach(furthest + block_size)  # beyond the furthest block
@@ -256,8 +273,13 @@ class DFlashEngine:
                     inputs = (rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots)
                     draft_logits = step_draft(*inputs, block_size, reach)  # (b, B - 1, V)
                     drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
+                    if lookups is not None:
+                        proposal = hybrid_proposal(draft_logits, drafts, draft_probs, lookups)
+                        drafts, draft_probs, confidence = proposal.drafts, proposal.draft_probs, proposal.confidence
+                    elif verify_length == "auto":
+                        confidence = rule.confidence(draft_logits, drafts)  # (b, B - 1)
             if verify_length == "auto":  # a second host sync: the width is a shape
-                width = choose_width(rule.confidence(draft_logits, drafts), rows.done, costs.costs())
+                width = choose_width(confidence, rows.done, costs.costs())
             else:
                 width = block_size if verify_length is None else verify_length + 1
             with watch.lap("verify"):
@@ -279,7 +301,12 @@ class DFlashEngine:
                 rows.context_pos = positions[:, :1] + arange  # (b, B)
                 rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
             stats.verify_widths.append(width)
-            host = torch.cat([rows.done[:, None].long(), n_new[:, None], committed], dim=1).tolist()  # the sync
+            synced = [rows.done[:, None].long(), n_new[:, None], committed]  # (b, 1), (b, 1), (b, w)
+            if lookups is not None:
+                synced.append(proposal.lookup_len.clamp_max(width - 1)[:, None])  # (b, 1): the lookup tokens verified
+            host = torch.cat(synced, dim=1).tolist()  # the sync: per row [done, n, *tokens(w), lookup tokens?]
+            if lookups is not None:
+                led = [(n, row[-1]) for n, row in zip(proposal.ngram, host, strict=True)]
             now = time.perf_counter()
             if costs is not None and len(host) == b:  # real step times correct the costs (of the full batch)
                 costs.observe(width, now - step_start)
@@ -399,6 +426,7 @@ def dflash_generate(
     compile: bool | dict[str, Any] = False,
     generator: torch.Generator | None = None,
     draft: str = "sample",
+    lookup: bool = False,
 ) -> DFlashOutput:
     """DFlash speculative decoding: the target's own output (greedy) or distribution (sampling), faster.
 
@@ -418,6 +446,10 @@ def dflash_generate(
         draft: when sampling, "sample" (drafts sampled from the drafter, proper speculative sampling; accepts more
             for a calibrated drafter, see benchmarks/engine.md) or "argmax" (deterministic drafts, accepted while
             the target's own sample matches). Both are lossless.
+        lookup: hybrid drafting: per row and step, the drafter's block or the continuation of the longest n-gram of
+            the row's context that ends it (prompt lookup), whichever is expected to commit more (`hybrid.py`);
+            best with `verify_length="auto"`, which then prices both by the measured cost of each verify width.
+            `stats.proposers` says which one each step used. Lossless like the rest.
 
     Returns:
         [`DFlashOutput`] with `sequences` (b, P + new) and `stats`.
@@ -425,5 +457,5 @@ def dflash_generate(
     rule = TokenRule(temperature, top_k, top_p, draft=draft, generator=generator)
     return engine_for(target, drafter, compile).generate(
         input_ids, attention_mask, max_new_tokens, rule, stop_token_ids, streamer, block_size, verify_length,
-        return_stats,
+        return_stats, lookup=lookup,
     )  # fmt: skip

@@ -60,6 +60,8 @@ class DFlashStats:
         total_s, prefill_s, draft_s, verify_s: wall time of the call, of the prefill (time to first token), and
             summed over steps of the drafter's and the target's forward passes.
         cache_bytes: bytes of the preallocated target and drafter caches (they do not grow during the call).
+        proposers: per row, which proposer each step's tokens came from ("drafter" or "lookup"), with hybrid
+            drafting (`lookup=True`); empty lists otherwise.
     """
 
     block_size: int
@@ -71,6 +73,11 @@ class DFlashStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     cache_bytes: int = 0
+    proposers: list[list[str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.proposers:
+            self.proposers = [[] for _ in self.accept_lengths]
 
     @property
     def steps(self) -> int:
@@ -91,6 +98,12 @@ class DFlashStats:
             for n in row:
                 counts[n] += 1
         return counts
+
+    @property
+    def proposer_share(self) -> dict[str, float]:
+        """Share of row-steps per proposer, e.g. {"drafter": 0.7, "lookup": 0.3} ({} without hybrid drafting)."""
+        names = [name for row in self.proposers for name in row]
+        return {name: names.count(name) / len(names) for name in sorted(set(names))}
 
     @property
     def tokens_per_second(self) -> float:

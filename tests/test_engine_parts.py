@@ -44,14 +44,15 @@ def test_choose_width_follows_the_drafters_confidence():
 def test_measured_costs_grow_with_the_width():
     assert candidate_widths(16) == [1, 2, 4, 8, 16] and candidate_widths(6) == [1, 2, 4, 6]
     seconds = {2: 0.004, 4: 0.0005, 8: 0.008}  # as if a burst of load had slowed width 2 down
-    costs = measure_step_costs(lambda: time.sleep(0.002), lambda w: time.sleep(seconds[w]), [2, 4, 8], "cpu", 2)
+    draft, costs = measure_step_costs(lambda: time.sleep(0.002), lambda w: time.sleep(seconds[w]), [2, 4, 8], "cpu", 2)
     assert list(costs) == [2, 4, 8] and costs[2] == costs[4] < costs[8]  # never cheaper for more tokens
-    assert 0.006 <= costs[2] < 0.02 and costs[8] >= 0.01  # draft + verify
+    assert 0.002 <= draft < 0.01 and 0.004 <= costs[2] < 0.02 and costs[8] >= 0.008
 
 
 def test_real_step_times_correct_the_measured_costs():
-    costs = StepCosts({2: 1.0, 4: 1.1, 8: 1.2, 16: 1.3}, smoothing=0.5)
+    costs = StepCosts({2: 0.75, 4: 0.85, 8: 0.95, 16: 1.05}, draft=0.25, smoothing=0.5)
     assert costs.costs() == {2: 1.0, 4: 1.1, 8: 1.2, 16: 1.3}  # nothing observed yet: as measured
+    assert costs.costs(drafting=False) == {2: 0.75, 4: 0.85, 8: 0.95, 16: 1.05}  # a step without a draft
     confident, running = torch.full((1, 15), 0.9), torch.zeros(1, dtype=torch.bool)
     assert choose_width(confident, running, costs.costs()) == 16
     for _ in range(8):  # in the real loop the whole block costs 4x its isolated measurement, 8 tokens as measured

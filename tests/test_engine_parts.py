@@ -7,7 +7,7 @@ import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from transformers_dflash.adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
+from transformers_dflash.adaptive import StepCosts, best_width, candidate_widths, expected_tokens, measure_step_costs
 from transformers_dflash.static_cache import SlotCache
 from transformers_dflash.token_rule import TokenRule
 
@@ -26,6 +26,11 @@ def test_slot_cache_writes_each_row_at_its_own_slots():
     assert cache.fits(2, 8, torch.float32, torch.device("cpu")) and not cache.fits(
         2, 9, torch.float32, torch.device("cpu")
     )
+
+
+def choose_width(confidence: torch.Tensor, done: torch.Tensor, costs: dict[int, float]) -> int:
+    """The width `verify_length="auto"` verifies for these drafts' chances (b, k)."""
+    return best_width(expected_tokens(confidence, done), costs)[0]
 
 
 def test_choose_width_follows_the_drafters_confidence():

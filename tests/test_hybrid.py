@@ -9,7 +9,15 @@ import torch
 from conftest import make_drafter, make_forced_drafter, make_target, random_prompt
 
 from transformers_dflash.engine import dflash_generate
-from transformers_dflash.hybrid import DRAFTER, LOOKUP, hybrid_proposal
+from transformers_dflash.hybrid import (
+    DRAFTER,
+    LOOKUP,
+    DraftGate,
+    hybrid_proposal,
+    lookup_candidates,
+    lookup_proposal,
+    lookup_rate,
+)
 from transformers_dflash.ngram_lookup import NgramLookup
 
 
@@ -40,14 +48,14 @@ def test_proposal_takes_lookup_only_where_it_is_expected_to_gain_more():
     logits[1, :, :] = 0.0  # row 1: a uniform drafter (p = 0.1)
     drafts = logits.argmax(dim=-1)
     lookups = [NgramLookup([3, 4, 3]), NgramLookup([3, 4, 5, 3])]  # "3" matches: [4, 3, 4, 3] and [4, 5, 3, 4]
-    proposal = hybrid_proposal(logits, drafts, None, lookups)
+    proposal = hybrid_proposal(logits, drafts, None, lookup_candidates(lookups, k, torch.device("cpu")))
     assert proposal.lookup_len.tolist() == [0, 4]  # row 0's drafter is sure; row 1's lookup (0.5 each) beats 0.1
     assert proposal.drafts[0].tolist() == drafts[0].tolist() and proposal.drafts[1].tolist() == [4, 5, 3, 4]
     assert proposal.draft_probs is None and proposal.ngram == [1, 1]
     assert torch.allclose(proposal.confidence[1], torch.full((k,), 0.5))
 
     draft_probs = logits.softmax(dim=-1)  # sampling: looked-up tokens are point masses, drafted ones keep q
-    sampled = hybrid_proposal(logits, drafts, draft_probs, lookups)
+    sampled = hybrid_proposal(logits, drafts, draft_probs, lookup_candidates(lookups, k, torch.device("cpu")))
     assert torch.equal(sampled.draft_probs[0], draft_probs[0])
     assert torch.equal(sampled.draft_probs[1], torch.eye(vocab)[[4, 5, 3, 4]])
 
@@ -55,7 +63,8 @@ def test_proposal_takes_lookup_only_where_it_is_expected_to_gain_more():
 def test_without_a_match_the_drafter_proposes():
     logits = torch.zeros(1, 3, 8)
     drafts = torch.tensor([[2, 2, 2]])
-    proposal = hybrid_proposal(logits, drafts, None, [NgramLookup([1, 2, 3])])
+    candidates = lookup_candidates([NgramLookup([1, 2, 3])], 3, torch.device("cpu"))
+    proposal = hybrid_proposal(logits, drafts, None, candidates)
     assert proposal.lookup_len.tolist() == [0] and torch.equal(proposal.drafts, drafts) and proposal.ngram == [0]
 
 
@@ -91,7 +100,9 @@ def test_hybrid_batch_with_eos_mid_block_equals_batched_generate(family):
     target = make_target(family, vocab_size=12, seed=1)
     prompts = [random_prompt(s, n, 12) for s, n in ((1, 9), (2, 5), (3, 12))]
     eos = 4  # frequent in these outputs: rows stop at different steps, often inside a block
-    alone = [target.generate(p, do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)[0] for p in prompts]
+    alone = [
+        target.generate(p, do_sample=False, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)[0] for p in prompts
+    ]
     assert sum(eos in a[p.shape[1] :].tolist() for a, p in zip(alone, prompts, strict=True)) >= 2
     width = max(p.shape[1] for p in prompts)
     ids = torch.cat([torch.nn.functional.pad(p, (width - p.shape[1], 0)) for p in prompts])
@@ -115,3 +126,50 @@ def test_hybrid_max_new_tokens_cuts_exactly():
         out = dflash_generate(target, make_drafter(target, block_size=8), ids, max_new_tokens=max_new_tokens,
                               stop_token_ids=[], lookup=True)  # fmt: skip
         assert torch.equal(out.sequences, expected)
+
+
+def test_lookup_alone_proposes_its_continuation_and_fillers_at_chance_zero():
+    lookups = [NgramLookup([3, 4, 3]), NgramLookup([1, 2])]  # row 0: "3" -> [4, 3, 4]; row 1: no match
+    lookups[0].record(1, proposed=4, accepted=4)  # rate(1) = 5 / 6
+    candidates = lookup_candidates(lookups, 3, torch.device("cpu"))
+    proposal = lookup_proposal(candidates)
+    assert proposal.drafts.tolist() == [[4, 3, 4], [0, 0, 0]] and proposal.draft_probs is None
+    assert torch.allclose(proposal.confidence, torch.tensor([[5 / 6] * 3, [0.0] * 3]))
+    costs = {1: 1.0, 2: 1.5, 4: 2.0}  # seconds of a step without a draft, by verify width
+    expected = {w: 1 + 1 + sum((5 / 6) ** j for j in range(1, w)) for w in costs}  # row 0 gains, row 1 plain
+    assert lookup_rate(candidates, [False, False], costs) == pytest.approx(max(expected[w] / costs[w] for w in costs))
+    assert lookup_rate(candidates, [False, True], costs) == pytest.approx((expected[4] - 1) / 2.0)  # row 1 done
+
+
+def test_draft_gate_skips_the_drafter_only_when_lookup_is_worth_more_and_explores():
+    gate = DraftGate(explore_every=3)
+    assert gate.should_draft(lookup_rate=100.0)  # no estimate yet: draft
+    gate.record(True, rate=10.0)
+    assert gate.should_draft(lookup_rate=9.0) and not gate.should_draft(lookup_rate=11.0)
+    gate.record(False)
+    assert not gate.should_draft(lookup_rate=11.0)
+    gate.record(False)
+    assert gate.should_draft(lookup_rate=11.0)  # two steps without a draft: the third one drafts
+    gate.record(True, rate=20.0)
+    assert gate.draft_rate == pytest.approx(15.0) and gate.skipped == 0
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_steps_without_a_draft_stay_lossless(family, block_size, monkeypatch):
+    """A gate that drafts only when it must (first step, then every 4th): the skipped steps' target features wait
+    in the context for the next draft step, rows without a match take plain steps, and the output is the target's."""
+
+    def must(self: DraftGate, lookup_rate: float) -> bool:
+        return self.draft_rate is None or self.skipped + 1 >= self.explore_every
+
+    monkeypatch.setattr(DraftGate, "should_draft", must)
+    for seed in range(2):
+        target = make_target(family, vocab_size=12, seed=seed)
+        ids = random_prompt(seed, 10, 12)
+        expected = target.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+        drafter = make_drafter(target, block_size=block_size)
+        out = dflash_generate(
+            target, drafter, ids, max_new_tokens=40, stop_token_ids=[], verify_length="auto", lookup=True
+        )
+        assert torch.equal(out.sequences, expected)
+        assert 0 < out.stats.draft_steps < out.stats.steps  # some steps drafted, some did not

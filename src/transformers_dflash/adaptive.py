@@ -120,14 +120,3 @@ def best_width(expected: torch.Tensor, costs: dict[int, float]) -> tuple[int, fl
     rates = gains / torch.tensor(list(costs.values()))
     best = int(rates.argmax())
     return widths[best], float(rates[best])
-
-
-def choose_width(confidence: torch.Tensor, done: torch.Tensor, costs: dict[int, float]) -> int:
-    """The measured width with the most expected committed tokens per second over the rows still decoding.
-
-    Args:
-        confidence: (b, B - 1) the drafter's probability of each of its drafts.
-        done: (b,) rows that no longer decode.
-        costs: seconds per step for each candidate width.
-    """
-    return best_width(expected_tokens(confidence, done), costs)[0]

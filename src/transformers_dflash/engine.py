@@ -32,13 +32,22 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from .adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
+from .adaptive import StepCosts, best_width, candidate_widths, expected_tokens, measure_step_costs
 from .compat import cache_kwarg
 from .compiled_steps import compiled_steps
 from .draft_vocab import DraftHead
 from .drafter_types import as_native_drafter
-from .hybrid import DRAFTER, LOOKUP, hybrid_proposal
 from .engine_rows import _Rows, cut_at_criteria
+from .hybrid import (
+    DRAFTER,
+    LOOKUP,
+    PLAIN,
+    DraftGate,
+    hybrid_proposal,
+    lookup_candidates,
+    lookup_proposal,
+    lookup_rate,
+)
 from .modeling_dflash import additive_attention_mask, extract_context_features, hidden_state_indices
 from .ngram_lookup import NgramLookup
 from .pair_check import check_pair
@@ -222,6 +231,7 @@ class DFlashEngine:
         # lookup tokens its last proposal led with, with the n-gram length of their match
         lookups = [NgramLookup(input_ids[r][mask[r].bool()].tolist()) for r in range(b)] if lookup else None
         led = [(0, 0)] * b
+        gate = DraftGate()
         generated = [0] * b  # host copy of rows.generated
         prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
@@ -245,7 +255,9 @@ class DFlashEngine:
                     if proposed and count:
                         lookups[r].record(n, proposed, accepted)
                     if stats.verify_widths and count:
-                        stats.proposers[origin[r]].append(LOOKUP if proposed else DRAFTER)
+                        stats.proposers[origin[r]].append(
+                            LOOKUP if proposed else DRAFTER if stats.verify_widths[-1] > 1 else PLAIN
+                        )
             if streamer is not None and host[0][1]:
                 streamer.put(torch.tensor(host[0][2 : 2 + host[0][1]]))
             finished = [r for r, (done, *_) in enumerate(host) if done]
@@ -267,19 +279,29 @@ class DFlashEngine:
             reach = self._reach(furthest + block_size)  # beyond the furthest block
             # AR (no drafter): the block is the anchor alone, no drafts (b, 0), no draft probabilities
             drafts, draft_probs = rows.anchor.new_zeros(rows.anchor.shape[0], 0), None
-            if self.drafter is not None:
+            drafting = self.drafter is not None
+            if lookups is not None:  # hybrid: the lookup continuations, and whether the drafter is worth running
+                candidates = lookup_candidates(lookups, block_size - 1, device)
+                if costs is not None:
+                    done = [bool(row[0]) for row in host]
+                    drafting = gate.should_draft(lookup_rate(candidates, done, costs.costs(drafting=False)))
+                if not drafting:
+                    proposal = lookup_proposal(candidates)
+                    drafts, confidence = proposal.drafts, proposal.confidence
+            if drafting:
                 step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
                 with watch.lap("draft"):
                     inputs = (rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots)
                     draft_logits = step_draft(*inputs, block_size, reach)  # (b, B - 1, V)
                     drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
                     if lookups is not None:
-                        proposal = hybrid_proposal(draft_logits, drafts, draft_probs, lookups)
+                        proposal = hybrid_proposal(draft_logits, drafts, draft_probs, candidates)
                         drafts, draft_probs, confidence = proposal.drafts, proposal.draft_probs, proposal.confidence
                     elif verify_length == "auto":
                         confidence = rule.confidence(draft_logits, drafts)  # (b, B - 1)
             if verify_length == "auto":  # a second host sync: the width is a shape
-                width = choose_width(confidence, rows.done, costs.costs())
+                width, rate = best_width(expected_tokens(confidence, rows.done), costs.costs(drafting))
+                gate.record(drafting, rate)
             else:
                 width = block_size if verify_length is None else verify_length + 1
             with watch.lap("verify"):
@@ -297,10 +319,16 @@ class DFlashEngine:
                 accepted, next_token = rule.accept(verify_ids, logits, draft_probs, prefixes)  # (b,), (b,)
             committed, n_new = self._commit(rows, verify_ids, accepted, next_token, stop_ids, max_new_tokens)
             if self.drafter is not None:
-                rows.context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
-                rows.context_pos = positions[:, :1] + arange  # (b, B)
-                rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
+                context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
+                context_pos = positions[:, :1] + arange  # (b, B)
+                context_slots = context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
+                if not drafting:  # the drafter has not read the context yet: it waits for the next draft step
+                    context = torch.cat([rows.context, context], dim=1)  # (b, n + B, F * H)
+                    context_pos = torch.cat([rows.context_pos, context_pos], dim=1)
+                    context_slots = torch.cat([rows.context_slots, context_slots], dim=1)
+                rows.context, rows.context_pos, rows.context_slots = context, context_pos, context_slots
             stats.verify_widths.append(width)
+            stats.draft_steps += drafting
             synced = [rows.done[:, None].long(), n_new[:, None], committed]  # (b, 1), (b, 1), (b, w)
             if lookups is not None:
                 synced.append(proposal.lookup_len.clamp_max(width - 1)[:, None])  # (b, 1): the lookup tokens verified
@@ -309,7 +337,7 @@ class DFlashEngine:
                 led = [(n, row[-1]) for n, row in zip(proposal.ngram, host, strict=True)]
             now = time.perf_counter()
             if costs is not None and len(host) == b:  # real step times correct the costs (of the full batch)
-                costs.observe(width, now - step_start)
+                costs.observe(width, now - step_start, drafting)
             step_start = now
 
         outputs.update({origin[r]: rows.tokens[r, : generated[r]] for r in range(len(host))})
@@ -367,7 +395,7 @@ class DFlashEngine:
             positions = rows.anchor_pos[:, None] + torch.arange(block_size, device=device)  # (b, B)
             context = rows.context.new_zeros(b, block_size, rows.context.shape[-1])
             sunk = torch.full_like(positions, self.draft_cache.sink)
-            measured = measure_step_costs(
+            draft, verify = measure_step_costs(
                 lambda: self._draft_step(rows.anchor, rows.anchor_pos, context, positions, sunk, block_size, reach),
                 lambda w: self._verify_step(
                     rows.anchor[:, None].expand(b, w), positions[:, :w], positions[:, :w], reach=reach
@@ -375,7 +403,7 @@ class DFlashEngine:
                 candidate_widths(block_size),
                 device,
             )
-            self.step_costs[b, block_size] = StepCosts(measured)
+            self.step_costs[b, block_size] = StepCosts(verify, draft)
         return self.step_costs[b, block_size]
 
     def _allocate(self, batch: int, capacity: int) -> None:

@@ -14,6 +14,12 @@ The expected committed length of a proposal is `1 + sum_k prod_{i <= k} p_i`; th
 then the drafter's) when that beats the drafter's block. The per-position chances feed `verify_length="auto"`,
 which prices each verify width by its measured cost, exactly as for the drafter alone.
 
+With `verify_length="auto"` a step may also skip the drafter (`DraftGate`): the lookup continuations' expected
+tokens per second without a draft (a row without a match verifies its anchor alone, a plain decoding step) are
+compared with what the recent draft steps were expected to give; the drafter runs when it is worth its cost, and
+at least every few steps so that its estimate stays current. A skipped draft costs nothing later: the target
+features of the skipped steps wait in the row's context and the next draft step reads them all.
+
 Lossless under sampling too: the choice reads the drafter's logits (its argmax and their probabilities) and the
 row's committed context, never the sampled drafts, so each proposed token is drawn from a distribution fixed before
 the draw: the drafter's (sampled drafts) or a point mass (looked-up tokens, whose `draft_probs` row becomes one-hot,
@@ -23,12 +29,15 @@ the deterministic-proposal case of `speculative_verify`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from .ngram_lookup import NgramLookup
 
-DRAFTER, LOOKUP = "drafter", "lookup"  # the proposer of a row's step, as `DFlashStats.proposers` records it
+# the proposer of a row's step, as `DFlashStats.proposers` records it: the drafter's tokens, looked-up tokens, or
+# nothing (the anchor alone: a plain decoding step)
+DRAFTER, LOOKUP, PLAIN = "drafter", "lookup", "plain"
 
 
 @dataclass
@@ -50,9 +59,19 @@ class Proposal:
     ngram: list[int]
 
 
-def lookup_candidates(
-    lookups: list[NgramLookup], k: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+class LookupCandidates(NamedTuple):
+    """Each row's lookup continuation: on the device its ids (b, k) (-1 past it), lengths (b,) and the record's
+    acceptance estimate (b,); on the host the matched n-gram lengths (0: no match), lengths and estimates."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    rates: torch.Tensor
+    ngrams: list[int]
+    host_lengths: list[int]
+    host_rates: list[float]
+
+
+def lookup_candidates(lookups: list[NgramLookup], k: int, device: torch.device) -> LookupCandidates:
     """Each row's lookup proposal as tensors: ids (b, k) (-1 past the continuation), lengths (b,), the record's
     acceptance estimate (b,), and the matched n-gram lengths."""
     ids = torch.full((len(lookups), k), -1, dtype=torch.long)
@@ -64,7 +83,8 @@ def lookup_candidates(
         rates.append(lookup.rate(n) if n else 0.0)
         ngrams.append(n)
     to = {"device": device, "non_blocking": True}
-    return ids.to(**to), torch.tensor(lengths).to(**to), torch.tensor(rates).to(**to), ngrams
+    device_lengths, device_rates = torch.tensor(lengths).to(**to), torch.tensor(rates).to(**to)
+    return LookupCandidates(ids.to(**to), device_lengths, device_rates, ngrams, lengths, rates)
 
 
 def expected_length(confidence: torch.Tensor) -> torch.Tensor:
@@ -76,7 +96,7 @@ def hybrid_proposal(
     draft_logits: torch.Tensor,
     drafts: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    lookups: list[NgramLookup],
+    candidates: LookupCandidates,
 ) -> Proposal:
     """Per row, the drafter's block or the lookup continuation followed by the drafter's tokens.
 
@@ -84,12 +104,12 @@ def hybrid_proposal(
         draft_logits: (b, k, V) the drafter's logits for the block after the anchor.
         drafts: (b, k) the drafter's drafts (its argmax, or samples from `draft_probs`).
         draft_probs: (b, k, V) the distributions the drafts were sampled from, or None.
-        lookups: each row's [`NgramLookup`], its context up to the anchor.
+        candidates: each row's lookup continuation ([`lookup_candidates`]).
     """
     b, k = drafts.shape
     probs = draft_logits.float().softmax(dim=-1)  # (b, k, V): the choice reads the drafter's own distribution
     c, best = probs.max(dim=-1)  # (b, k) its argmax and their probability, independent of any sampled draft
-    ids, lengths, rates, ngrams = lookup_candidates(lookups, k, drafts.device)
+    ids, lengths, rates, ngrams = candidates[:4]
     looked_up = torch.arange(k, device=drafts.device) < lengths[:, None]  # (b, k)
     r = rates[:, None]
     p_lookup = torch.where(looked_up, torch.where(ids == best, 1 - (1 - r) * (1 - c), r.expand(b, k)), c)  # (b, k)
@@ -105,3 +125,60 @@ def hybrid_proposal(
         lookup_len=from_lookup.sum(dim=1),
         ngram=ngrams,
     )
+
+
+def lookup_proposal(candidates: LookupCandidates) -> Proposal:
+    """The lookup continuations alone, for a step that skips the drafter: deterministic proposals (`draft_probs`
+    None); a row without a match (or past its continuation) proposes filler tokens at chance 0, which the verify
+    width chosen by their chances leaves out."""
+    ids, lengths, rates, ngrams = candidates[:4]
+    looked_up = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # (b, k)
+    return Proposal(
+        drafts=ids.clamp_min(0),
+        draft_probs=None,
+        confidence=torch.where(looked_up, rates[:, None], 0.0),
+        lookup_len=lengths,
+        ngram=ngrams,
+    )
+
+
+@dataclass
+class DraftGate:
+    """Whether a step runs the drafter, from the expected tokens per second of drafting and of lookup alone.
+
+    Attributes:
+        explore_every: the drafter runs at least once in this many steps (its estimate would go stale otherwise).
+        draft_rate: expected tokens per second of the recent draft steps (running average), None before the first.
+        skipped: steps since the last draft.
+    """
+
+    explore_every: int = 4
+    smoothing: float = 0.5
+    draft_rate: float | None = None
+    skipped: int = 0
+
+    def should_draft(self, lookup_rate: float) -> bool:
+        """True when drafting is expected to beat `lookup_rate` (tokens / s of lookup alone), or is due."""
+        return self.draft_rate is None or self.skipped + 1 >= self.explore_every or self.draft_rate >= lookup_rate
+
+    def record(self, drafted: bool, rate: float = 0.0) -> None:
+        """Records a step: whether it drafted, and then the expected tokens / s of its chosen width."""
+        if not drafted:
+            self.skipped += 1
+            return
+        self.skipped = 0
+        old = self.draft_rate
+        self.draft_rate = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
+
+
+def lookup_rate(candidates: LookupCandidates, done: list[bool], costs: dict[int, float]) -> float:
+    """Expected tokens per second of the best verify width when every running row verifies its lookup continuation
+    and nothing is drafted; `costs` are the seconds of such a step per width."""
+    widest = max(costs)
+    expected = [0.0] * widest  # by verify width - 1: looked-up tokens verified, summed over the running rows
+    for length, r, finished in zip(candidates.host_lengths, candidates.host_rates, done, strict=True):
+        total = 0.0 if finished else 1.0
+        for j in range(widest):
+            expected[j] += total
+            total += r ** (j + 1) if j < length and not finished else 0.0
+    return max(expected[w - 1] / seconds for w, seconds in costs.items())

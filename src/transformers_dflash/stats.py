@@ -60,8 +60,10 @@ class DFlashStats:
         total_s, prefill_s, draft_s, verify_s: wall time of the call, of the prefill (time to first token), and
             summed over steps of the drafter's and the target's forward passes.
         cache_bytes: bytes of the preallocated target and drafter caches (they do not grow during the call).
-        proposers: per row, which proposer each step's tokens came from ("drafter" or "lookup"), with hybrid
-            drafting (`lookup=True`); empty lists otherwise.
+        proposers: per row, what each step verified after its anchor, with hybrid drafting (`lookup=True`):
+            "drafter" (the drafter's tokens), "lookup" (looked-up tokens first) or "plain" (nothing: a plain
+            decoding step); empty lists otherwise.
+        draft_steps: steps that ran the drafter (hybrid drafting skips it when lookup alone is worth more).
     """
 
     block_size: int
@@ -74,6 +76,7 @@ class DFlashStats:
     verify_s: float = 0.0
     cache_bytes: int = 0
     proposers: list[list[str]] = field(default_factory=list)
+    draft_steps: int = 0
 
     def __post_init__(self) -> None:
         if not self.proposers:

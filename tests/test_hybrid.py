@@ -142,25 +142,25 @@ def test_lookup_alone_proposes_its_continuation_and_fillers_at_chance_zero():
 
 
 def test_draft_gate_skips_the_drafter_only_when_lookup_is_worth_more_and_explores():
-    gate = DraftGate(explore_every=3)
+    gate = DraftGate(explore_every=3, max_explore_every=6)
     assert gate.should_draft(lookup_rate=100.0)  # no estimate yet: draft
-    gate.record(True, rate=10.0)
+    gate.record(True, rate=10.0)  # it lost to lookup (100): the next exploration waits twice as long
+    assert gate.interval == 6
     assert gate.should_draft(lookup_rate=9.0) and not gate.should_draft(lookup_rate=11.0)
-    gate.record(False)
-    assert not gate.should_draft(lookup_rate=11.0)
-    gate.record(False)
-    assert gate.should_draft(lookup_rate=11.0)  # two steps without a draft: the third one drafts
-    gate.record(True, rate=20.0)
-    assert gate.draft_rate == pytest.approx(15.0) and gate.skipped == 0
+    for _ in range(5):
+        gate.record(False)
+    assert gate.should_draft(lookup_rate=11.0)  # five steps without a draft: the sixth one drafts
+    gate.record(True, rate=20.0)  # and wins: the interval is back to 3
+    assert gate.draft_rate == pytest.approx(15.0) and gate.skipped == 0 and gate.interval == 3
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_steps_without_a_draft_stay_lossless(family, block_size, monkeypatch):
-    """A gate that drafts only when it must (first step, then every 4th): the skipped steps' target features wait
+    """A gate that drafts only when it must (first step, then now and then): the skipped steps' target features wait
     in the context for the next draft step, rows without a match take plain steps, and the output is the target's."""
 
     def must(self: DraftGate, lookup_rate: float) -> bool:
-        return self.draft_rate is None or self.skipped + 1 >= self.explore_every
+        return self.draft_rate is None or self.skipped + 1 >= self.interval
 
     monkeypatch.setattr(DraftGate, "should_draft", must)
     for seed in range(2):

@@ -17,7 +17,7 @@ which prices each verify width by its measured cost, exactly as for the drafter 
 With `verify_length="auto"` a step may also skip the drafter (`DraftGate`): the lookup continuations' expected
 tokens per second without a draft (a row without a match verifies its anchor alone, a plain decoding step) are
 compared with what the recent draft steps were expected to give; the drafter runs when it is worth its cost, and
-at least every few steps so that its estimate stays current. A skipped draft costs nothing later: the target
+now and then (less often while it keeps losing) so that its estimate stays current. A skipped draft costs nothing later: the target
 features of the skipped steps wait in the row's context and the next draft step reads them all.
 
 Lossless under sampling too: the choice reads the drafter's logits (its argmax and their probabilities) and the
@@ -146,26 +146,38 @@ def lookup_proposal(candidates: LookupCandidates) -> Proposal:
 class DraftGate:
     """Whether a step runs the drafter, from the expected tokens per second of drafting and of lookup alone.
 
+    The drafter also runs when it is due: every `explore_every` steps, so that its estimate follows the text; each
+    such draft that loses to lookup doubles the interval (up to `max_explore_every`), one that wins resets it, so a
+    drafter that does not help on this text costs little.
+
     Attributes:
-        explore_every: the drafter runs at least once in this many steps (its estimate would go stale otherwise).
         draft_rate: expected tokens per second of the recent draft steps (running average), None before the first.
-        skipped: steps since the last draft.
+        interval: the current exploration interval; skipped: steps since the last draft.
     """
 
     explore_every: int = 4
+    max_explore_every: int = 32
     smoothing: float = 0.5
     draft_rate: float | None = None
+    interval: int = 0
     skipped: int = 0
+    _lookup_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.interval = self.interval or self.explore_every
 
     def should_draft(self, lookup_rate: float) -> bool:
         """True when drafting is expected to beat `lookup_rate` (tokens / s of lookup alone), or is due."""
-        return self.draft_rate is None or self.skipped + 1 >= self.explore_every or self.draft_rate >= lookup_rate
+        self._lookup_rate = lookup_rate
+        return self.draft_rate is None or self.skipped + 1 >= self.interval or self.draft_rate >= lookup_rate
 
     def record(self, drafted: bool, rate: float = 0.0) -> None:
         """Records a step: whether it drafted, and then the expected tokens / s of its chosen width."""
         if not drafted:
             self.skipped += 1
             return
+        won = rate >= self._lookup_rate
+        self.interval = self.explore_every if won else min(2 * self.interval, self.max_explore_every)
         self.skipped = 0
         old = self.draft_rate
         self.draft_rate = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate

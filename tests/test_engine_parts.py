@@ -7,7 +7,7 @@ import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from transformers_dflash.adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
+from transformers_dflash.adaptive import StepCosts, best_width, candidate_widths, expected_tokens, measure_step_costs
 from transformers_dflash.static_cache import SlotCache
 from transformers_dflash.token_rule import TokenRule
 
@@ -28,6 +28,11 @@ def test_slot_cache_writes_each_row_at_its_own_slots():
     )
 
 
+def choose_width(confidence: torch.Tensor, done: torch.Tensor, costs: dict[int, float]) -> int:
+    """The width `verify_length="auto"` verifies for these drafts' chances (b, k)."""
+    return best_width(expected_tokens(confidence, done), costs)[0]
+
+
 def test_choose_width_follows_the_drafters_confidence():
     costs = {2: 1.0, 4: 1.2, 8: 1.6, 16: 2.4}  # seconds per step for each verify width
     done = torch.zeros(2, dtype=torch.bool)
@@ -36,19 +41,23 @@ def test_choose_width_follows_the_drafters_confidence():
     mixed = torch.tensor([[0.99] * 15, [0.2] * 15])
     assert choose_width(mixed, torch.tensor([False, True]), costs) == 16  # finished rows do not count
     assert choose_width(mixed, torch.tensor([True, False]), costs) == 2
+    with_plain = {1: 0.9, **costs}  # width 1 verifies the anchor alone: a plain decoding step
+    assert choose_width(torch.full((2, 15), 0.05), done, with_plain) == 1  # a hopeless draft is not verified
+    assert choose_width(torch.full((2, 15), 0.2), done, with_plain) == 2
 
 
 def test_measured_costs_grow_with_the_width():
-    assert candidate_widths(16) == [2, 4, 8, 16] and candidate_widths(6) == [2, 4, 6]
+    assert candidate_widths(16) == [1, 2, 4, 8, 16] and candidate_widths(6) == [1, 2, 4, 6]
     seconds = {2: 0.004, 4: 0.0005, 8: 0.008}  # as if a burst of load had slowed width 2 down
-    costs = measure_step_costs(lambda: time.sleep(0.002), lambda w: time.sleep(seconds[w]), [2, 4, 8], "cpu", 2)
+    draft, costs = measure_step_costs(lambda: time.sleep(0.002), lambda w: time.sleep(seconds[w]), [2, 4, 8], "cpu", 2)
     assert list(costs) == [2, 4, 8] and costs[2] == costs[4] < costs[8]  # never cheaper for more tokens
-    assert 0.006 <= costs[2] < 0.02 and costs[8] >= 0.01  # draft + verify
+    assert 0.002 <= draft < 0.01 and 0.004 <= costs[2] < 0.02 and costs[8] >= 0.008
 
 
 def test_real_step_times_correct_the_measured_costs():
-    costs = StepCosts({2: 1.0, 4: 1.1, 8: 1.2, 16: 1.3}, smoothing=0.5)
+    costs = StepCosts({2: 0.75, 4: 0.85, 8: 0.95, 16: 1.05}, draft=0.25, smoothing=0.5)
     assert costs.costs() == {2: 1.0, 4: 1.1, 8: 1.2, 16: 1.3}  # nothing observed yet: as measured
+    assert costs.costs(drafting=False) == {2: 0.75, 4: 0.85, 8: 0.95, 16: 1.05}  # a step without a draft
     confident, running = torch.full((1, 15), 0.9), torch.zeros(1, dtype=torch.bool)
     assert choose_width(confident, running, costs.costs()) == 16
     for _ in range(8):  # in the real loop the whole block costs 4x its isolated measurement, 8 tokens as measured

@@ -66,11 +66,27 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor, min_expected: 
 
 
 @pytest.mark.parametrize(
-    ("draft", "temperature", "top_k", "top_p"),
-    [("argmax", 1.0, 0, 1.0), ("sample", 1.0, 0, 1.0), ("argmax", 0.8, 6, 0.9), ("sample", 0.8, 6, 0.9)],
-    ids=["argmax-drafts", "sampled-drafts", "argmax-drafts-topk-topp", "sampled-drafts-topk-topp"],
+    ("draft", "temperature", "top_k", "top_p", "lookup", "verify_length"),
+    [
+        ("argmax", 1.0, 0, 1.0, False, None),
+        ("sample", 1.0, 0, 1.0, False, None),
+        ("argmax", 0.8, 6, 0.9, False, None),
+        ("sample", 0.8, 6, 0.9, False, None),
+        ("sample", 0.8, 6, 0.9, True, None),
+        ("sample", 1.0, 0, 1.0, True, "auto"),
+    ],
+    ids=[
+        "argmax-drafts",
+        "sampled-drafts",
+        "argmax-drafts-topk-topp",
+        "sampled-drafts-topk-topp",
+        "hybrid-sampled-drafts-topk-topp",
+        "hybrid-auto-sampled-drafts",
+    ],
 )
-def test_samples_follow_the_targets_distribution(draft, temperature, top_k, top_p):
+def test_samples_follow_the_targets_distribution(draft, temperature, top_k, top_p, lookup, verify_length):
+    """Hybrid drafting mixes sampled drafts with looked-up tokens (point masses) in one proposal; with
+    `verify_length="auto"` some steps skip the drafter and verify lookup alone."""
     target = make_target("qwen3", vocab_size=VOCAB, hidden_size=32, seed=3)
     with torch.no_grad():  # milder logits than conftest's, so that several tokens are likely at each step
         for p in target.parameters():
@@ -80,7 +96,7 @@ def test_samples_follow_the_targets_distribution(draft, temperature, top_k, top_
     generator = torch.Generator().manual_seed(0)
     out = dflash_generate(
         target, drafter, prompt.repeat(ROWS, 1), max_new_tokens=NEW, temperature=temperature, top_k=top_k,
-        top_p=top_p, stop_token_ids=[], generator=generator, draft=draft,
+        top_p=top_p, stop_token_ids=[], generator=generator, draft=draft, lookup=lookup, verify_length=verify_length,
     )  # fmt: skip
     new = out.sequences[:, prompt.shape[1] :]  # (ROWS, NEW)
     counts = torch.bincount((new * torch.tensor([VOCAB**2, VOCAB, 1])).sum(1), minlength=VOCAB**NEW).view(
@@ -88,6 +104,8 @@ def test_samples_follow_the_targets_distribution(draft, temperature, top_k, top_
     )
     histogram = out.stats.histogram
     assert histogram[1] > 100 and histogram[2] > 100  # both rejections and accepted drafts were exercised
+    if lookup:
+        assert out.stats.proposer_share.get("lookup", 0) > 0.1  # looked-up tokens were proposed and judged
 
     truth = exact_joint(target, prompt, temperature, top_k, top_p)
     assert chi_square_p_value(counts, truth) > 1e-3

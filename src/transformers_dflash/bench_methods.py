@@ -273,7 +273,11 @@ def _ar_engine(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant
 
 
 def _engine_generate(
-    ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant, verify_length: int | str | None
+    ctx: MethodContext,
+    input_ids: torch.LongTensor,
+    variant: Variant,
+    verify_length: int | str | None,
+    lookup: bool = False,
 ) -> Generation:
     """The fast engine on one prompt turn, with its draft/verify time split."""
     from .engine import dflash_generate
@@ -291,6 +295,7 @@ def _engine_generate(
         verify_length=verify_length,
         return_stats=True,
         compile=s.compile,
+        lookup=lookup,
     )
     stats = out.stats
     timings = {"time_to_first_token_s": stats.prefill_s, "draft_s": stats.draft_s, "verify_s": stats.verify_s}
@@ -310,6 +315,17 @@ def _dflash(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -
 )
 def _dflash_auto(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Generation:
     return _engine_generate(ctx, input_ids, variant, "auto")
+
+
+@register_method(
+    "dflash-hybrid",
+    help="the fast engine with hybrid drafting: per step the drafter's block or the prompt-lookup continuation, "
+    "whichever is expected to commit more, at the verify width worth its cost (lookup=True, verify_length='auto')",
+    uses_block_size=True,
+    needs_drafter=True,
+)
+def _dflash_hybrid(ctx: MethodContext, input_ids: torch.LongTensor, variant: Variant) -> Generation:
+    return _engine_generate(ctx, input_ids, variant, "auto", lookup=True)
 
 
 @register_method(

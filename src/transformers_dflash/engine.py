@@ -32,13 +32,24 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from .adaptive import StepCosts, candidate_widths, choose_width, measure_step_costs
+from .adaptive import StepCosts, best_width, candidate_widths, expected_tokens, measure_step_costs
 from .compat import cache_kwarg
 from .compiled_steps import compiled_steps
 from .draft_vocab import DraftHead
 from .drafter_types import as_native_drafter
 from .engine_rows import _Rows, cut_at_criteria
+from .hybrid import (
+    DRAFTER,
+    LOOKUP,
+    PLAIN,
+    DraftGate,
+    hybrid_proposal,
+    lookup_candidates,
+    lookup_proposal,
+    lookup_rate,
+)
 from .modeling_dflash import additive_attention_mask, extract_context_features, hidden_state_indices
+from .ngram_lookup import NgramLookup
 from .pair_check import check_pair
 from .special_ids import pad_token_id_of, stop_token_ids_of
 from .static_cache import SlotCache
@@ -168,12 +179,14 @@ class DFlashEngine:
         return_stats: bool = True,
         stopping_criteria: list[StoppingCriteria] | None = None,
         stream_prompt: bool = True,
+        lookup: bool = False,
     ) -> DFlashOutput:
         """Decodes every row of `input_ids` (b, P), left-padded per `attention_mask`; see [`dflash_generate`].
 
         `stopping_criteria` are extra Transformers criteria checked per row on each committed prefix (the
         `custom_generate` path); `stream_prompt=False` when the caller already streamed the prompt. Rows that
-        finish leave the batch (unless the steps are compiled or logits processors hold per-row state).
+        finish leave the batch (unless the steps are compiled or logits processors hold per-row state). `lookup`:
+        hybrid drafting (`hybrid.py`), each row's step proposes the drafter's block or its prompt-lookup continuation.
         """
         if self.drafter is not None:
             check_pair(self.target, self.drafter)  # cached per pair; redone if a model moved since the last call
@@ -214,6 +227,11 @@ class DFlashEngine:
             )
             rows.tokens[:, 0] = first
         host = torch.stack([rows.done.long(), rows.generated, first], dim=1).tolist()  # per row [done, n, *tokens]
+        # hybrid drafting: each row's n-gram index over its context (the loop adds each step's tokens) and the
+        # lookup tokens its last proposal led with, with the n-gram length of their match
+        lookups = [NgramLookup(input_ids[r][mask[r].bool()].tolist()) for r in range(b)] if lookup else None
+        led = [(0, 0)] * b
+        gate = DraftGate()
         generated = [0] * b  # host copy of rows.generated
         prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
@@ -231,6 +249,15 @@ class DFlashEngine:
                 generated[r] += count
                 if stats.verify_widths and count:
                     stats.accept_lengths[origin[r]].append(count)
+                if lookups is not None:
+                    lookups[r].extend(host[r][2 : 2 + count])
+                    (n, proposed), accepted = led[r], count - 1
+                    if proposed and count:
+                        lookups[r].record(n, proposed, accepted)
+                    if stats.verify_widths and count:
+                        stats.proposers[origin[r]].append(
+                            LOOKUP if proposed else DRAFTER if stats.verify_widths[-1] > 1 else PLAIN
+                        )
             if streamer is not None and host[0][1]:
                 streamer.put(torch.tensor(host[0][2 : 2 + host[0][1]]))
             finished = [r for r, (done, *_) in enumerate(host) if done]
@@ -245,19 +272,36 @@ class DFlashEngine:
                     if cache is not None:
                         cache.keep_rows(index)
                 host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
+                if lookups is not None:
+                    lookups, led = [lookups[r] for r in keep], [led[r] for r in keep]
 
             furthest = max(prompt_lens[o] + n for o, n in zip(origin, generated, strict=True))  # > every anchor
             reach = self._reach(furthest + block_size)  # beyond the furthest block
             # AR (no drafter): the block is the anchor alone, no drafts (b, 0), no draft probabilities
             drafts, draft_probs = rows.anchor.new_zeros(rows.anchor.shape[0], 0), None
-            if self.drafter is not None:
+            drafting = self.drafter is not None
+            if lookups is not None:  # hybrid: the lookup continuations, and whether the drafter is worth running
+                candidates = lookup_candidates(lookups, block_size - 1, device)
+                if costs is not None:
+                    done = [bool(row[0]) for row in host]
+                    drafting = gate.should_draft(lookup_rate(candidates, done, costs.costs(drafting=False)))
+                if not drafting:
+                    proposal = lookup_proposal(candidates)
+                    drafts, confidence = proposal.drafts, proposal.confidence
+            if drafting:
                 step_draft = self._draft_step if rows.context.shape[1] == block_size else self._draft
                 with watch.lap("draft"):
                     inputs = (rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots)
                     draft_logits = step_draft(*inputs, block_size, reach)  # (b, B - 1, V)
                     drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
+                    if lookups is not None:
+                        proposal = hybrid_proposal(draft_logits, drafts, draft_probs, candidates)
+                        drafts, draft_probs, confidence = proposal.drafts, proposal.draft_probs, proposal.confidence
+                    elif verify_length == "auto":
+                        confidence = rule.confidence(draft_logits, drafts)  # (b, B - 1)
             if verify_length == "auto":  # a second host sync: the width is a shape
-                width = choose_width(rule.confidence(draft_logits, drafts), rows.done, costs.costs())
+                width, rate = best_width(expected_tokens(confidence, rows.done), costs.costs(drafting))
+                gate.record(drafting, rate)
             else:
                 width = block_size if verify_length is None else verify_length + 1
             with watch.lap("verify"):
@@ -275,14 +319,25 @@ class DFlashEngine:
                 accepted, next_token = rule.accept(verify_ids, logits, draft_probs, prefixes)  # (b,), (b,)
             committed, n_new = self._commit(rows, verify_ids, accepted, next_token, stop_ids, max_new_tokens)
             if self.drafter is not None:
-                rows.context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
-                rows.context_pos = positions[:, :1] + arange  # (b, B)
-                rows.context_slots = rows.context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
+                context = F.pad(features, (0, 0, 0, block_size - width))  # (b, B, F * H): fixed draft shape
+                context_pos = positions[:, :1] + arange  # (b, B)
+                context_slots = context_pos.masked_fill(arange >= n_new[:, None], self.draft_cache.sink)
+                if not drafting:  # the drafter has not read the context yet: it waits for the next draft step
+                    context = torch.cat([rows.context, context], dim=1)  # (b, n + B, F * H)
+                    context_pos = torch.cat([rows.context_pos, context_pos], dim=1)
+                    context_slots = torch.cat([rows.context_slots, context_slots], dim=1)
+                rows.context, rows.context_pos, rows.context_slots = context, context_pos, context_slots
             stats.verify_widths.append(width)
-            host = torch.cat([rows.done[:, None].long(), n_new[:, None], committed], dim=1).tolist()  # the sync
+            stats.draft_steps += drafting
+            synced = [rows.done[:, None].long(), n_new[:, None], committed]  # (b, 1), (b, 1), (b, w)
+            if lookups is not None:
+                synced.append(proposal.lookup_len.clamp_max(width - 1)[:, None])  # (b, 1): the lookup tokens verified
+            host = torch.cat(synced, dim=1).tolist()  # the sync: per row [done, n, *tokens(w), lookup tokens?]
+            if lookups is not None:
+                led = [(n, row[-1]) for n, row in zip(proposal.ngram, host, strict=True)]
             now = time.perf_counter()
             if costs is not None and len(host) == b:  # real step times correct the costs (of the full batch)
-                costs.observe(width, now - step_start)
+                costs.observe(width, now - step_start, drafting)
             step_start = now
 
         outputs.update({origin[r]: rows.tokens[r, : generated[r]] for r in range(len(host))})
@@ -340,7 +395,7 @@ class DFlashEngine:
             positions = rows.anchor_pos[:, None] + torch.arange(block_size, device=device)  # (b, B)
             context = rows.context.new_zeros(b, block_size, rows.context.shape[-1])
             sunk = torch.full_like(positions, self.draft_cache.sink)
-            measured = measure_step_costs(
+            draft, verify = measure_step_costs(
                 lambda: self._draft_step(rows.anchor, rows.anchor_pos, context, positions, sunk, block_size, reach),
                 lambda w: self._verify_step(
                     rows.anchor[:, None].expand(b, w), positions[:, :w], positions[:, :w], reach=reach
@@ -348,7 +403,7 @@ class DFlashEngine:
                 candidate_widths(block_size),
                 device,
             )
-            self.step_costs[b, block_size] = StepCosts(measured)
+            self.step_costs[b, block_size] = StepCosts(verify, draft)
         return self.step_costs[b, block_size]
 
     def _allocate(self, batch: int, capacity: int) -> None:
@@ -399,6 +454,7 @@ def dflash_generate(
     compile: bool | dict[str, Any] = False,
     generator: torch.Generator | None = None,
     draft: str = "sample",
+    lookup: bool = False,
 ) -> DFlashOutput:
     """DFlash speculative decoding: the target's own output (greedy) or distribution (sampling), faster.
 
@@ -418,6 +474,10 @@ def dflash_generate(
         draft: when sampling, "sample" (drafts sampled from the drafter, proper speculative sampling; accepts more
             for a calibrated drafter, see benchmarks/engine.md) or "argmax" (deterministic drafts, accepted while
             the target's own sample matches). Both are lossless.
+        lookup: hybrid drafting: per row and step, the drafter's block or the continuation of the longest n-gram of
+            the row's context that ends it (prompt lookup), whichever is expected to commit more (`hybrid.py`);
+            best with `verify_length="auto"`, which then prices both by the measured cost of each verify width.
+            `stats.proposers` says which one each step used. Lossless like the rest.
 
     Returns:
         [`DFlashOutput`] with `sequences` (b, P + new) and `stats`.
@@ -425,5 +485,5 @@ def dflash_generate(
     rule = TokenRule(temperature, top_k, top_p, draft=draft, generator=generator)
     return engine_for(target, drafter, compile).generate(
         input_ids, attention_mask, max_new_tokens, rule, stop_token_ids, streamer, block_size, verify_length,
-        return_stats,
+        return_stats, lookup=lookup,
     )  # fmt: skip

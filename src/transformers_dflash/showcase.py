@@ -65,8 +65,10 @@ def run_prompt(
     text: str,
     max_new_tokens: int,
     verify_length: int | str | None = "auto",
+    lookup: bool = True,
 ) -> ShowcaseRow:
-    """Plain greedy `generate`, then the DFlash engine (verifying `verify_length` drafts per step), on one prompt."""
+    """Plain greedy `generate`, then the DFlash engine (verifying `verify_length` drafts per step, with hybrid
+    drafting when `lookup`), on one prompt."""
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
     )
@@ -78,7 +80,13 @@ def run_prompt(
         )
     ar_s = time.perf_counter() - start
     result = dflash_generate(
-        target, drafter, ids, max_new_tokens=max_new_tokens, return_stats=True, verify_length=verify_length
+        target,
+        drafter,
+        ids,
+        max_new_tokens=max_new_tokens,
+        return_stats=True,
+        verify_length=verify_length,
+        lookup=lookup,
     )
     fast = result.sequences[:, : plain.shape[1]]
     new = plain.shape[1] - ids.shape[1]
@@ -115,6 +123,12 @@ def main(argv: list[str] | None = None) -> None:
         default="auto",
         help="drafts the target verifies per step: 'auto' (default: the width worth its measured cost), 'all', or N",
     )
+    parser.add_argument(
+        "--lookup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hybrid drafting: the drafter's block or the prompt-lookup continuation per step (default: on)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
@@ -124,12 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     target, tokenizer = load_embedded_target()
     drafter = DFlashDraftModel.from_pretrained(embedded_drafter_dir()).to(target.dtype).eval()
     print(f"target: {target.config.name_or_path or 'SmolLM2-135M-Instruct'}; drafter: {embedded_drafter_dir()}")
-    print(f"verify length: {args.verify_length or 'all'} (--verify-length)")
-    run_prompt(target, drafter, tokenizer, *SHOWCASE_PROMPTS[0], 8, args.verify_length)  # warm-up, not reported
+    print(f"verify length: {args.verify_length or 'all'} (--verify-length), hybrid drafting: {args.lookup} (--lookup)")
+    run_prompt(target, drafter, tokenizer, *SHOWCASE_PROMPTS[0], 8, args.verify_length, args.lookup)  # warm-up
     rows = []
     print(f"\n{'kind':<6}{'new':>5}{'plain tok/s':>13}{'DFlash tok/s':>14}{'speed-up':>10}{'tau':>7}  identical")
     for kind, text in SHOWCASE_PROMPTS:
-        row = run_prompt(target, drafter, tokenizer, kind, text, args.max_new_tokens, args.verify_length)
+        row = run_prompt(target, drafter, tokenizer, kind, text, args.max_new_tokens, args.verify_length, args.lookup)
         rows.append(row)
         print(
             f"{row.kind:<6}{row.new_tokens:>5}{row.ar_tokens_per_s:>13.1f}{row.dflash_tokens_per_s:>14.1f}"

@@ -60,6 +60,10 @@ class DFlashStats:
         total_s, prefill_s, draft_s, verify_s: wall time of the call, of the prefill (time to first token), and
             summed over steps of the drafter's and the target's forward passes.
         cache_bytes: bytes of the preallocated target and drafter caches (they do not grow during the call).
+        proposers: per row, what each step verified after its anchor, with hybrid drafting (`lookup=True`):
+            "drafter" (the drafter's tokens), "lookup" (looked-up tokens first) or "plain" (nothing: a plain
+            decoding step); empty lists otherwise.
+        draft_steps: steps that ran the drafter (hybrid drafting skips it when lookup alone is worth more).
     """
 
     block_size: int
@@ -71,6 +75,12 @@ class DFlashStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     cache_bytes: int = 0
+    proposers: list[list[str]] = field(default_factory=list)
+    draft_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.proposers:
+            self.proposers = [[] for _ in self.accept_lengths]
 
     @property
     def steps(self) -> int:
@@ -91,6 +101,12 @@ class DFlashStats:
             for n in row:
                 counts[n] += 1
         return counts
+
+    @property
+    def proposer_share(self) -> dict[str, float]:
+        """Share of row-steps per proposer, e.g. {"drafter": 0.7, "lookup": 0.3} ({} without hybrid drafting)."""
+        names = [name for row in self.proposers for name in row]
+        return {name: names.count(name) / len(names) for name in sorted(set(names))}
 
     @property
     def tokens_per_second(self) -> float:

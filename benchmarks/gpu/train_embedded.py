@@ -69,14 +69,16 @@ def _run(args: list[str], timeout: float, log: Path) -> int:
 
 
 def _seconds_per_step(train_log: Path) -> float | None:
-    """Mean seconds per step between the first and the last train record (the first absorbs warm-up)."""
+    """Mean seconds per step between the first and the last train record (the first absorbs warm-up), at least
+    1 ms."""
     if not train_log.exists():
         return None
     records = [json.loads(line) for line in train_log.read_text().splitlines() if '"event": "train"' in line]
     if len(records) < 2:
         return None
     first, last = records[0], records[-1]
-    return (last["wall_seconds"] - first["wall_seconds"]) / max(last["step"] - first["step"], 1)
+    seconds = (last["wall_seconds"] - first["wall_seconds"]) / max(last["step"] - first["step"], 1)
+    return max(seconds, 1e-3)  # the log keeps 0.1 s: tiny steps may read as 0
 
 
 def main() -> None:

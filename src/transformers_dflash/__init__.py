@@ -4,6 +4,9 @@ Importing the package registers `DFlashConfig` / `DFlashDraftModel` with the Aut
 `target.generate(**inputs, assistant_model=drafter)` run the DFlash path (see `generate_hook`).
 """
 
+from . import quiet_torchao  # noqa: F401  (first: mutes torchao import noise before Transformers loads it)
+
+# isort: split
 from transformers import AutoConfig, AutoModel
 
 from .compat import install_tokenizer_passthrough

@@ -46,6 +46,7 @@ from .bench_report import (
 from .drafter_types import as_native_drafter
 from .pair_check import check_pair
 from .prompts import Prompt, apply_chat, load_prompts
+from .quantization import quantization_of
 from .validation import parse_verify_length
 
 DEFAULT_METHODS = ("ar", "dflash", "dflash-auto", "dflash-native", "prompt-lookup")
@@ -195,6 +196,7 @@ def run_benchmark(
             "seed": seed,
             "warmup": warmup,
             "dtype": str(target.dtype),
+            "quantization": quantization_of(target),
             "datasets": list(dict.fromkeys(p.dataset for p in prompts)),
             "prompts": len(prompts),
         },
@@ -288,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="dflash and ar-engine: torch.compile the engine's steps (the warm-up and each new cache size compile)",
     )
+    add("--quantize", help="quantize the target at load time (int8-weight-only, int8-dynamic on CPU; int4-weight-only, "
+        "bnb-4bit on CUDA) and run every method on the full-precision and the quantized target side by side")  # fmt: skip
+    add("--full-precision-target", help="with a --target folder saved quantized: its full-precision folder, to "
+        "compare with side by side (as --quantize does)")  # fmt: skip
     add("--threads", type=int, default=None, help="torch threads (default: torch's default, printed)")
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add("--dtype", choices=sorted(DTYPES), default="float32")
@@ -320,7 +326,9 @@ def _setup(args: argparse.Namespace) -> dict:
             name, args.max_samples, args.seed, path=gsm8k if name == "gsm8k" else None, exclude=exclude
         )
     ]
-    target, tokenizer = load_target(args.target, dtype, device)
+    target, tokenizer = load_target(args.target, dtype, device, args.quantize)
+    full = args.full_precision_target or (args.target if args.quantize else None)
+    compared = {"full_target": load_target(full, dtype, device)[0]} if args.quantize or full else {}
     drafter = load_drafter(folder, dtype, device) if folder is not None else None
     if drafter is not None:
         check_pair(target, drafter)
@@ -336,7 +344,7 @@ def _setup(args: argparse.Namespace) -> dict:
         compile=args.compile,
     )
     return dict(target=target, tokenizer=tokenizer, prompts=prompts, drafter=drafter, methods=methods,
-                block_sizes=block_sizes, settings=settings, assistants=assistants)  # fmt: skip
+                block_sizes=block_sizes, settings=settings, assistants=assistants, **compared)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -351,11 +359,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(format_machine(machine_info(setup["target"].device)))
     command = shlex.join(["dflash-bench", *(sys.argv[1:] if argv is None else argv)])
-    result = run_benchmark(
-        **setup, seed=args.seed, warmup=not args.no_warmup, out_dir=args.out, progress=not args.no_progress,
-        command=command,
-    )  # fmt: skip
-    print(format_table(result))
+    run = dict(
+        seed=args.seed, warmup=not args.no_warmup, out_dir=args.out, progress=not args.no_progress, command=command
+    )
+    if "full_target" in setup:
+        from .bench_quantized import format_comparison, run_quantized_comparison
+
+        comparison = run_quantized_comparison(**setup, **run, method=args.quantize)
+        result = comparison.quantized
+        print(format_comparison(comparison))
+    else:
+        result = run_benchmark(**setup, **run)
+        print(format_table(result))
     if result.mismatches:
         print(format_mismatches(result), file=sys.stderr)
     print(f"dflash-bench: wrote results.json, results.md, speedup.png, acceptance.png to {args.out}")

@@ -9,13 +9,22 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .quantization import load_quantized_target, prepare_pre_quantized
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_target(
-    path: str | None, dtype: torch.dtype, device: torch.device
+    path: str | None, dtype: torch.dtype, device: torch.device, quantize: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The target and tokenizer from a local folder (no remote code), or the embedded SmolLM2 when `path` is None."""
+    """The target and tokenizer from a local folder (no remote code), or the embedded SmolLM2 when `path` is None;
+    quantized at load time by `quantize` (see `quantization.QUANTIZATION_METHODS`), or as saved in the folder."""
+    if quantize is not None or (path is not None and prepare_pre_quantized(path)):
+        from .zoo import embedded_target_dir
+
+        folder = path if path is not None else str(embedded_target_dir())
+        model = load_quantized_target(folder, quantize, dtype=dtype, device=device)
+        return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     if path is None:
         from .zoo import load_embedded_target
 

@@ -64,7 +64,9 @@ def target_fingerprint(target: PreTrainedModel) -> list[float]:
     survives a change of dtype (fp32, bf16, fp16) or a light quantization of the same weights: compare two with
     `fingerprints_match`, not with `==`.
     """
-    weight = target.get_input_embeddings().weight.detach()  # (vocab, hidden)
+    from .quantization import dense
+
+    weight = dense(target.get_input_embeddings().weight).detach()  # (vocab, hidden)
     rows = torch.linspace(0, weight.shape[0] - 1, steps=min(32, weight.shape[0])).long()
     norms = weight[rows].float().norm(dim=1).cpu()  # (32,)
     return [float(f"{value:.4g}") for value in norms.tolist()]

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import make_drafter, make_target, random_prompt
 from test_bench import PROMPTS, VOCAB, char_tokenizer
-from transformers_dflash.integration import check_pair
 
 from transformers_dflash import bench, dflash_generate, quantization
 from transformers_dflash.bench_methods import GenerationSettings
 from transformers_dflash.bench_quantized import format_comparison, run_quantized_comparison
 from transformers_dflash.hub import target_fingerprint
+from transformers_dflash.pair_check import check_pair
 from transformers_dflash.prompts import write_prompts
 from transformers_dflash.quantization import load_quantized_target, probe_batch_variance, quantization_of
 

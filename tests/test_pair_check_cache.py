@@ -67,3 +67,13 @@ def test_repeated_calls_cost_the_same_host_syncs(recorded_pair, monkeypatch):
         counts.append(len(syncs))
     monkeypatch.undo()
     assert counts[1] == counts[2] and counts[0] > counts[1]  # the first call also checked the pair
+
+
+def test_weights_written_in_place_are_checked_again(recorded_pair):
+    target, drafter, reads = recorded_pair
+    pair_check.check_pair(target, drafter)
+    with torch.no_grad():
+        target.get_input_embeddings().weight.mul_(1.25)  # another model's weights in the same storage
+    with pytest.raises(ValueError, match="trained for"):
+        pair_check.check_pair(target, drafter)
+    assert len(reads) == 2

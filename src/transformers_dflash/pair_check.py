@@ -78,12 +78,14 @@ def check_pair(target: PreTrainedModel, drafter: nn.Module, *, same_device: bool
 
 
 def _pair_state(target: PreTrainedModel, drafter: nn.Module, same_device: bool) -> tuple:
-    """What a passed `check_pair` depends on that may change later: dtypes, devices, the embedding's storage (the
-    fingerprint's), the drafter's mask id and layer ids."""
+    """What a passed `check_pair` depends on that may change later: dtypes, devices, the embedding's storage and
+    its in-place writes (the fingerprint's; e.g. `load_state_dict` of another model), the drafter's mask id and
+    layer ids."""
     config = as_native_drafter(drafter).config
     t, d, embed = _first_param(target), _first_param(drafter), target.get_input_embeddings().weight
     ids = tuple(config.target_layer_ids or ())
-    return same_device, t.dtype, t.device, d.dtype, d.device, embed.data_ptr(), config.mask_token_id, ids
+    storage = embed.data_ptr(), embed._version  # the version counter moves with every in-place write
+    return same_device, t.dtype, t.device, d.dtype, d.device, storage, config.mask_token_id, ids
 
 
 def _check_trained_target(config: DFlashConfig, target: PreTrainedModel) -> None:

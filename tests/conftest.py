@@ -185,3 +185,18 @@ def write_responses(work: Path, rows: int) -> Path:
             ids = random_prompt(i, 30)[0].tolist()
             handle.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:8], "response_ids": ids[8:]}) + "\n")
     return work
+
+
+@pytest.fixture
+def host_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at every host read of a tensor (`tolist`, `item`, `cpu`, ...) while the test runs."""
+    syncs: list[int] = []
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            syncs.append(1)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return syncs

@@ -18,7 +18,7 @@ from transformers_dflash.hybrid import (
     lookup_proposal,
     lookup_rate,
 )
-from transformers_dflash.ngram_lookup import NgramLookup
+from transformers_dflash.ngram_lookup import PRIOR, PRIOR_WEIGHT, NgramLookup
 
 
 def test_lookup_takes_the_longest_most_recent_match():
@@ -32,13 +32,19 @@ def test_lookup_takes_the_longest_most_recent_match():
     assert lookup.propose(5) == ([5, 6, 5, 6, 5], 2)  # a loop of period 2 is extended, not cut at the context's end
 
 
-def test_lookup_record_gives_the_acceptance_estimate():
+def test_lookup_record_gives_the_acceptance_estimate_per_position():
     lookup = NgramLookup([1, 2, 1])
-    assert lookup.rate(2) == 0.5  # no evidence: the prior
-    lookup.record(2, proposed=4, accepted=4)  # all four kept: 4 of 4 judged
-    lookup.record(2, proposed=4, accepted=1)  # one kept, the second rejected: 1 of 2 judged
-    assert lookup.rate(2) == pytest.approx((5 + 1) / (6 + 2))
-    assert lookup.rate(1) == 0.5  # records are per match length
+    assert (
+        lookup.chances(2, 6) == list(PRIOR[1][:3]) + [PRIOR[1][3]] * 3
+    )  # no evidence: the prior, positions 3+ pooled
+    assert NgramLookup([1], max_n=12).chances(12, 2) == list(PRIOR[-1][:2])  # past the table: its last row
+    lookup.record(2, proposed=5, accepted=5)  # all five kept: positions 0, 1, 2 and 3+ (twice) judged and right
+    lookup.record(2, proposed=4, accepted=1)  # one kept, the second rejected: position 0 right, position 1 wrong
+    w, prior = PRIOR_WEIGHT, PRIOR[1]
+    expected = [(2 + w * prior[0]) / (2 + w), (1 + w * prior[1]) / (2 + w), (1 + w * prior[2]) / (1 + w)]
+    assert lookup.chances(2, 4) == pytest.approx(expected + [(2 + w * prior[3]) / (2 + w)])
+    assert lookup.chances(1, 1) == [PRIOR[0][0]]  # records are per match length
+    assert PRIOR[0][0] < PRIOR[3][0] < PRIOR[7][0]  # the prior trusts longer matches more
 
 
 def test_proposal_takes_lookup_only_where_it_is_expected_to_gain_more():
@@ -49,10 +55,10 @@ def test_proposal_takes_lookup_only_where_it_is_expected_to_gain_more():
     drafts = logits.argmax(dim=-1)
     lookups = [NgramLookup([3, 4, 3]), NgramLookup([3, 4, 5, 3])]  # "3" matches: [4, 3, 4, 3] and [4, 5, 3, 4]
     proposal = hybrid_proposal(logits, drafts, None, lookup_candidates(lookups, k, torch.device("cpu")))
-    assert proposal.lookup_len.tolist() == [0, 4]  # row 0's drafter is sure; row 1's lookup (0.5 each) beats 0.1
+    assert proposal.lookup_len.tolist() == [0, 4]  # row 0's drafter is sure; row 1's lookup (prior >= 0.24) beats 0.1
     assert proposal.drafts[0].tolist() == drafts[0].tolist() and proposal.drafts[1].tolist() == [4, 5, 3, 4]
     assert proposal.draft_probs is None and proposal.ngram == [1, 1]
-    assert torch.allclose(proposal.confidence[1], torch.full((k,), 0.5))
+    assert torch.allclose(proposal.confidence[1], torch.tensor(PRIOR[0]))
 
     draft_probs = logits.softmax(dim=-1)  # sampling: looked-up tokens are point masses, drafted ones keep q
     sampled = hybrid_proposal(logits, drafts, draft_probs, lookup_candidates(lookups, k, torch.device("cpu")))
@@ -130,13 +136,17 @@ def test_hybrid_max_new_tokens_cuts_exactly():
 
 def test_lookup_alone_proposes_its_continuation_and_fillers_at_chance_zero():
     lookups = [NgramLookup([3, 4, 3]), NgramLookup([1, 2])]  # row 0: "3" -> [4, 3, 4]; row 1: no match
-    lookups[0].record(1, proposed=4, accepted=4)  # rate(1) = 5 / 6
+    for _ in range(8):
+        lookups[0].record(1, proposed=4, accepted=4)  # a record that trusts row 0's 1-gram matches
+    chances = lookups[0].chances(1, 3)
+    assert chances[0] > 0.7
     candidates = lookup_candidates(lookups, 3, torch.device("cpu"))
     proposal = lookup_proposal(candidates)
     assert proposal.drafts.tolist() == [[4, 3, 4], [0, 0, 0]] and proposal.draft_probs is None
-    assert torch.allclose(proposal.confidence, torch.tensor([[5 / 6] * 3, [0.0] * 3]))
+    assert torch.allclose(proposal.confidence, torch.tensor([chances, [0.0] * 3]))
     costs = {1: 1.0, 2: 1.5, 4: 2.0}  # seconds of a step without a draft, by verify width
-    expected = {w: 1 + 1 + sum((5 / 6) ** j for j in range(1, w)) for w in costs}  # row 0 gains, row 1 plain
+    kept = [chances[0], chances[0] * chances[1], chances[0] * chances[1] * chances[2]]
+    expected = {w: 1 + 1 + sum(kept[: w - 1]) for w in costs}  # row 0 gains, row 1 takes a plain step
     assert lookup_rate(candidates, [False, False], costs) == pytest.approx(max(expected[w] / costs[w] for w in costs))
     assert lookup_rate(candidates, [False, True], costs) == pytest.approx((expected[4] - 1) / 2.0)  # row 1 done
 

@@ -6,8 +6,9 @@ copies its context (code, quoted numbers, loops). For each row this module estim
 token is accepted, given the tokens before it are:
 
 * drafter token k: the drafter's probability of its argmax at k (`c_k`);
-* looked-up token k: the row's record for matches of that n-gram length (`NgramLookup.rate`, `r`); where it equals
-  the drafter's argmax, both sources vouch for it: `1 - (1 - r)(1 - c_k)`;
+* looked-up token k: the row's record for matches of that n-gram length at position k (`NgramLookup.chances`,
+  `r_k`: a prior measured on the target's own text, then the row's own hits); where it equals the drafter's argmax,
+  both sources vouch for it: `1 - (1 - r_k)(1 - c_k)`;
 * after the looked-up tokens (a short continuation), the drafter's tokens at those positions, at `c_k`.
 
 The expected committed length of a proposal is `1 + sum_k prod_{i <= k} p_i`; the row takes lookup (its tokens,
@@ -61,30 +62,34 @@ class Proposal:
 
 class LookupCandidates(NamedTuple):
     """Each row's lookup continuation: on the device its ids (b, k) (-1 past it), lengths (b,) and the record's
-    acceptance estimate (b,); on the host the matched n-gram lengths (0: no match), lengths and estimates."""
+    chance of acceptance per token (b, k) (0 past it); on the host the matched n-gram lengths (0: no match), lengths
+    and chances."""
 
     ids: torch.Tensor
     lengths: torch.Tensor
-    rates: torch.Tensor
+    chances: torch.Tensor
     ngrams: list[int]
     host_lengths: list[int]
-    host_rates: list[float]
+    host_chances: list[list[float]]
 
 
 def lookup_candidates(lookups: list[NgramLookup], k: int, device: torch.device) -> LookupCandidates:
     """Each row's lookup proposal as tensors: ids (b, k) (-1 past the continuation), lengths (b,), the record's
-    acceptance estimate (b,), and the matched n-gram lengths."""
+    chance of acceptance per token (b, k), and the matched n-gram lengths."""
     ids = torch.full((len(lookups), k), -1, dtype=torch.long)
-    lengths, rates, ngrams = [], [], []
+    chances = torch.zeros(len(lookups), k)
+    lengths, host_chances, ngrams = [], [], []
     for r, lookup in enumerate(lookups):
         tokens, n = lookup.propose(k)
+        row = lookup.chances(n, len(tokens)) if n else []
         ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        chances[r, : len(row)] = torch.tensor(row)
         lengths.append(len(tokens))
-        rates.append(lookup.rate(n) if n else 0.0)
+        host_chances.append(row)
         ngrams.append(n)
     to = {"device": device, "non_blocking": True}
-    device_lengths, device_rates = torch.tensor(lengths).to(**to), torch.tensor(rates).to(**to)
-    return LookupCandidates(ids.to(**to), device_lengths, device_rates, ngrams, lengths, rates)
+    device_lengths = torch.tensor(lengths).to(**to)
+    return LookupCandidates(ids.to(**to), device_lengths, chances.to(**to), ngrams, lengths, host_chances)
 
 
 def expected_length(confidence: torch.Tensor) -> torch.Tensor:
@@ -106,13 +111,12 @@ def hybrid_proposal(
         draft_probs: (b, k, V) the distributions the drafts were sampled from, or None.
         candidates: each row's lookup continuation ([`lookup_candidates`]).
     """
-    b, k = drafts.shape
+    k = drafts.shape[1]
     probs = draft_logits.float().softmax(dim=-1)  # (b, k, V): the choice reads the drafter's own distribution
     c, best = probs.max(dim=-1)  # (b, k) its argmax and their probability, independent of any sampled draft
-    ids, lengths, rates, ngrams = candidates[:4]
+    ids, lengths, r, ngrams = candidates[:4]  # r: (b, k) the record's chances
     looked_up = torch.arange(k, device=drafts.device) < lengths[:, None]  # (b, k)
-    r = rates[:, None]
-    p_lookup = torch.where(looked_up, torch.where(ids == best, 1 - (1 - r) * (1 - c), r.expand(b, k)), c)  # (b, k)
+    p_lookup = torch.where(looked_up, torch.where(ids == best, 1 - (1 - r) * (1 - c), r), c)  # (b, k)
     use = expected_length(p_lookup) > expected_length(c)  # (b,); False where there is no match
     from_lookup = looked_up & use[:, None]  # (b, k)
     if draft_probs is not None:
@@ -131,12 +135,11 @@ def lookup_proposal(candidates: LookupCandidates) -> Proposal:
     """The lookup continuations alone, for a step that skips the drafter: deterministic proposals (`draft_probs`
     None); a row without a match (or past its continuation) proposes filler tokens at chance 0, which the verify
     width chosen by their chances leaves out."""
-    ids, lengths, rates, ngrams = candidates[:4]
-    looked_up = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # (b, k)
+    ids, lengths, chances, ngrams = candidates[:4]
     return Proposal(
         drafts=ids.clamp_min(0),
         draft_probs=None,
-        confidence=torch.where(looked_up, rates[:, None], 0.0),
+        confidence=chances,  # (b, k), 0 past each continuation
         lookup_len=lengths,
         ngram=ngrams,
     )
@@ -188,9 +191,10 @@ def lookup_rate(candidates: LookupCandidates, done: list[bool], costs: dict[int,
     and nothing is drafted; `costs` are the seconds of such a step per width."""
     widest = max(costs)
     expected = [0.0] * widest  # by verify width - 1: looked-up tokens verified, summed over the running rows
-    for length, r, finished in zip(candidates.host_lengths, candidates.host_rates, done, strict=True):
-        total = 0.0 if finished else 1.0
+    for chances, finished in zip(candidates.host_chances, done, strict=True):
+        total, kept = (0.0, 0.0) if finished else (1.0, 1.0)  # expected tokens so far; chance all so far are kept
         for j in range(widest):
             expected[j] += total
-            total += r ** (j + 1) if j < length and not finished else 0.0
+            kept *= chances[j] if j < len(chances) else 0.0
+            total += kept
     return max(expected[w - 1] / seconds for w, seconds in costs.items())

@@ -17,15 +17,17 @@ import torch
 from transformers import DynamicCache
 
 from transformers_dflash.bench import load_target
+from transformers_dflash.compat import cache_kwarg
 
 
 def _step_seconds(model, prefix: torch.Tensor, width: int) -> float:
     """Seconds of one forward of `width` tokens on a fresh cache of `prefix`."""
     cache = DynamicCache(config=model.config)
-    model(prefix, past_key_values=cache, use_cache=True)
+    kwarg = cache_kwarg(model.forward)  # `cache` or `past_key_values`, by Transformers version
+    model(prefix, **{kwarg: cache}, use_cache=True)
     block = prefix[:, -width:]
     start = time.perf_counter()
-    model(block, past_key_values=cache, use_cache=True)
+    model(block, **{kwarg: cache}, use_cache=True)
     return time.perf_counter() - start
 
 

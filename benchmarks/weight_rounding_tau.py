@@ -56,7 +56,7 @@ def rounded_copy(target: nn.Module, bits: int, group: int) -> nn.Module:
     """A copy of `target` whose decoder `nn.Linear` weights are rounded to `bits` (embedding and LM head kept)."""
     copied = copy.deepcopy(target)
     with torch.no_grad():
-        for name, module in copied.model.layers.named_modules():
+        for module in copied.model.layers.modules():
             if isinstance(module, nn.Linear):
                 w = module.weight
                 w.copy_(round_int8(w) if bits == 8 else round_int4(w, group))

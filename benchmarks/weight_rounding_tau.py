@@ -75,7 +75,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_embedded_target(dtype=torch.float32, device="cpu")
     drafter = DFlashDraftModel.from_pretrained(embedded_drafter_dir(), dtype=torch.float32).eval()
-    targets = {"fp32": target, "int8": rounded_copy(target, 8, args.group), "int4": rounded_copy(target, 4, args.group)}
+    targets = {
+        "fp32": target,
+        "int8": rounded_copy(target, 8, args.group),
+        "int4": rounded_copy(target, 4, args.group),
+    }
     eos = [target.generation_config.eos_token_id]
     prompts = [
         (name, prompt)

@@ -13,6 +13,7 @@ from transformers_dflash.hybrid import (
     DRAFTER,
     LOOKUP,
     DraftGate,
+    HybridRows,
     hybrid_proposal,
     lookup_candidates,
     lookup_proposal,
@@ -45,6 +46,18 @@ def test_lookup_record_gives_the_acceptance_estimate_per_position():
     assert lookup.chances(2, 4) == pytest.approx(expected + [(2 + w * prior[3]) / (2 + w)])
     assert lookup.chances(1, 1) == [PRIOR[0][0]]  # records are per match length
     assert PRIOR[0][0] < PRIOR[3][0] < PRIOR[7][0]  # the prior trusts longer matches more
+
+
+def test_hybrid_rows_record_what_their_lookup_proposals_gained():
+    rows = HybridRows([[3, 4, 3], [5, 6]])
+    assert rows.commit(0, [4]) is False  # no proposal yet: nothing to record
+    rows.verified([2, 0], [3, 0])  # row 0 led with 3 tokens looked up through a 2-gram; row 1 with the drafter
+    assert rows.commit(0, [3, 4, 9]) is True  # two looked-up tokens accepted, the third rejected (9: the target's)
+    assert rows.commit(1, [7]) is False
+    assert rows.lookups[0].hits[2][:3] == [1, 1, 0] and rows.lookups[0].tries[2][:3] == [1, 1, 1]
+    assert rows.lookups[0].tokens[-4:] == [4, 3, 4, 9] and rows.lookups[1].tokens == [5, 6, 7]
+    rows.keep([1])  # row 0 finished and left the batch
+    assert len(rows.lookups) == 1 and rows.lookups[0].tokens == [5, 6, 7] and rows.led == [(0, 0)]
 
 
 def test_proposal_takes_lookup_only_where_it_is_expected_to_gain_more():

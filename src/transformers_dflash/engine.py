@@ -39,18 +39,8 @@ from .compiled_steps import compiled_steps
 from .draft_vocab import DraftHead
 from .drafter_types import as_native_drafter
 from .engine_rows import _Rows, cut_at_criteria
-from .hybrid import (
-    DRAFTER,
-    LOOKUP,
-    PLAIN,
-    DraftGate,
-    hybrid_proposal,
-    lookup_candidates,
-    lookup_proposal,
-    lookup_rate,
-)
+from .hybrid import DRAFTER, LOOKUP, PLAIN, HybridRows, hybrid_proposal, lookup_proposal
 from .modeling_dflash import additive_attention_mask, extract_context_features, hidden_state_indices
-from .ngram_lookup import NgramLookup
 from .pair_check import check_pair
 from .special_ids import pad_token_id_of, stop_token_ids_of
 from .static_cache import SlotCache
@@ -228,11 +218,9 @@ class DFlashEngine:
             )
             rows.tokens[:, 0] = first
         host = torch.stack([rows.done.long(), rows.generated, first], dim=1).tolist()  # per row [done, n, *tokens]
-        # hybrid drafting: each row's n-gram index over its context (the loop adds each step's tokens) and the
-        # lookup tokens its last proposal led with, with the n-gram length of their match
-        lookups = [NgramLookup(input_ids[r][mask[r].bool()].tolist()) for r in range(b)] if lookup else None
-        led = [(0, 0)] * b
-        gate = DraftGate()
+        # hybrid drafting: each row's n-gram index over its context (the loop adds each step's tokens), its lookup
+        # record, and the draft gate
+        hybrid = HybridRows([input_ids[r][mask[r].bool()].tolist() for r in range(b)]) if lookup else None
         generated = [0] * b  # host copy of rows.generated
         prompt_lens = rows.anchor_pos.tolist()  # host copies: each row's anchor is at prompt_lens + generated - 1
         origin, outputs = list(range(b)), {}  # each row's index in the input; finished rows' new tokens
@@ -250,14 +238,11 @@ class DFlashEngine:
                 generated[r] += count
                 if stats.verify_widths and count:
                     stats.accept_lengths[origin[r]].append(count)
-                if lookups is not None:
-                    lookups[r].extend(host[r][2 : 2 + count])
-                    (n, proposed), accepted = led[r], count - 1
-                    if proposed and count:
-                        lookups[r].record(n, proposed, accepted)
+                if hybrid is not None:
+                    looked_up = hybrid.commit(r, host[r][2 : 2 + count])
                     if stats.verify_widths and count:
                         stats.proposers[origin[r]].append(
-                            LOOKUP if proposed else DRAFTER if stats.verify_widths[-1] > 1 else PLAIN
+                            LOOKUP if looked_up else DRAFTER if stats.verify_widths[-1] > 1 else PLAIN
                         )
             if streamer is not None and host[0][1]:
                 streamer.put(torch.tensor(host[0][2 : 2 + host[0][1]]))
@@ -273,19 +258,19 @@ class DFlashEngine:
                     if cache is not None:
                         cache.keep_rows(index)
                 host, generated, origin = ([x[r] for r in keep] for x in (host, generated, origin))
-                if lookups is not None:
-                    lookups, led = [lookups[r] for r in keep], [led[r] for r in keep]
+                if hybrid is not None:
+                    hybrid.keep(keep)
 
             furthest = max(prompt_lens[o] + n for o, n in zip(origin, generated, strict=True))  # > every anchor
             reach = self._reach(furthest + block_size)  # beyond the furthest block
             # AR (no drafter): the block is the anchor alone, no drafts (b, 0), no draft probabilities
             drafts, draft_probs = rows.anchor.new_zeros(rows.anchor.shape[0], 0), None
             drafting = self.drafter is not None
-            if lookups is not None:  # hybrid: the lookup continuations, and whether the drafter is worth running
-                candidates = lookup_candidates(lookups, block_size - 1, device)
+            if hybrid is not None:  # the lookup continuations, and whether the drafter is worth running
+                candidates = hybrid.propose_lookup(block_size - 1, device)
                 if costs is not None:
                     done = [bool(row[0]) for row in host]
-                    drafting = gate.should_draft(lookup_rate(candidates, done, costs.costs(drafting=False)))
+                    drafting = hybrid.should_draft(candidates, done, costs.costs(drafting=False))
                 if not drafting:
                     proposal = lookup_proposal(candidates)
                     drafts, confidence = proposal.drafts, proposal.confidence
@@ -295,14 +280,15 @@ class DFlashEngine:
                     inputs = (rows.anchor, rows.anchor_pos, rows.context, rows.context_pos, rows.context_slots)
                     draft_logits = step_draft(*inputs, block_size, reach)  # (b, B - 1, V)
                     drafts, draft_probs = rule.propose(draft_logits)  # (b, B - 1), (b, B - 1, V) | None
-                    if lookups is not None:
+                    if hybrid is not None:
                         proposal = hybrid_proposal(draft_logits, drafts, draft_probs, candidates)
                         drafts, draft_probs, confidence = proposal.drafts, proposal.draft_probs, proposal.confidence
                     elif verify_length == "auto":
                         confidence = rule.confidence(draft_logits, drafts)  # (b, B - 1)
             if verify_length == "auto":  # a second host sync: the width is a shape
                 width, rate = best_width(expected_tokens(confidence, rows.done), costs.costs(drafting))
-                gate.record(drafting, rate)
+                if hybrid is not None:
+                    hybrid.gate.record(drafting, rate)
             else:
                 width = block_size if verify_length is None else verify_length + 1
             with watch.lap("verify"):
@@ -331,11 +317,11 @@ class DFlashEngine:
             stats.verify_widths.append(width)
             stats.draft_steps += drafting
             synced = [rows.done[:, None].long(), n_new[:, None], committed]  # (b, 1), (b, 1), (b, w)
-            if lookups is not None:
+            if hybrid is not None:
                 synced.append(proposal.lookup_len.clamp_max(width - 1)[:, None])  # (b, 1): the lookup tokens verified
             host = torch.cat(synced, dim=1).tolist()  # the sync: per row [done, n, *tokens(w), lookup tokens?]
-            if lookups is not None:
-                led = [(n, row[-1]) for n, row in zip(proposal.ngram, host, strict=True)]
+            if hybrid is not None:
+                hybrid.verified(proposal.ngram, [row[-1] for row in host])
             now = time.perf_counter()
             if costs is not None and len(host) == b:  # real step times correct the costs (of the full batch)
                 costs.observe(width, now - step_start, drafting)

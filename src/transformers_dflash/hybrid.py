@@ -198,3 +198,44 @@ def lookup_rate(candidates: LookupCandidates, done: list[bool], costs: dict[int,
             kept *= chances[j] if j < len(chances) else 0.0
             total += kept
     return max(expected[w - 1] / seconds for w, seconds in costs.items())
+
+
+class HybridRows:
+    """Hybrid drafting's host state for the rows of one request: each row's n-gram index and lookup record, what
+    its last proposal looked up, and the draft gate. The engine calls it at the host sync of each step: `commit`
+    per row, `keep` when finished rows leave the batch, `propose_lookup` and `should_draft` before the step,
+    `verified` after it.
+
+    Args:
+        contexts: each row's tokens so far (its prompt without padding).
+    """
+
+    def __init__(self, contexts: list[list[int]]) -> None:
+        self.lookups = [NgramLookup(context) for context in contexts]
+        self.led = [(0, 0)] * len(contexts)  # per row: (n-gram length, looked-up tokens verified) of its last step
+        self.gate = DraftGate()
+
+    def commit(self, row: int, tokens: list[int]) -> bool:
+        """Appends `row`'s newly committed tokens to its context and records how many of the looked-up tokens its
+        last proposal led with were accepted; True when that proposal led with lookup."""
+        self.lookups[row].extend(tokens)
+        n, proposed = self.led[row]
+        if proposed and tokens:
+            self.lookups[row].record(n, proposed, len(tokens) - 1)  # the last committed token is the target's own
+        return bool(proposed)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keeps only `rows` (in this order), as the engine does when finished rows leave the batch."""
+        self.lookups, self.led = [self.lookups[r] for r in rows], [self.led[r] for r in rows]
+
+    def propose_lookup(self, k: int, device: torch.device) -> LookupCandidates:
+        """Each row's lookup continuation of `k` tokens ([`lookup_candidates`])."""
+        return lookup_candidates(self.lookups, k, device)
+
+    def should_draft(self, candidates: LookupCandidates, done: list[bool], costs: dict[int, float]) -> bool:
+        """Whether this step runs the drafter (the gate, against lookup alone at `costs` per width without a draft)."""
+        return self.gate.should_draft(lookup_rate(candidates, done, costs))
+
+    def verified(self, ngrams: list[int], lookup_tokens: list[int]) -> None:
+        """Notes, per row, the n-gram length of this step's lookup and how many looked-up tokens were verified."""
+        self.led = list(zip(ngrams, lookup_tokens, strict=True))

@@ -10,7 +10,8 @@ method (which also compiles; its seconds are reported):
   per position (tau ~6.5, the z-lab figure); its forward pass runs for real, so draft costs are real.
 
 Methods: `hf-ar` (`target.generate`, the reference), `engine-ar` / `engine-ar-compiled` (`ar_generate`),
-`dflash` / `dflash-compiled` (`dflash_generate`), `native` (Transformers' DFlash path), `prompt-lookup`. A greedy
+`dflash` / `dflash-compiled` (`dflash_generate`), `dflash-hybrid` (hybrid drafting: `lookup=True`,
+`verify_length="auto"`), `native` (Transformers' DFlash path), `prompt-lookup`. A greedy
 output that differs from `hf-ar` is counted, and explained by the target's top-2 logit margin where they part
 (a near-tie that bf16 rounding can flip).
 
@@ -39,8 +40,10 @@ from transformers_dflash.bench_methods import counted_accepts
 from transformers_dflash.engine import dflash_generate
 
 ROOT = Path(__file__).resolve().parents[2]
-EAGER_METHODS = ["hf-ar", "engine-ar", "dflash", "native", "prompt-lookup"]
-ALL_METHODS = ["hf-ar", "engine-ar", "engine-ar-compiled", "dflash", "dflash-compiled", "native", "prompt-lookup"]
+EAGER_METHODS = ["hf-ar", "engine-ar", "dflash", "dflash-hybrid", "native", "prompt-lookup"]
+ALL_METHODS = [
+    "hf-ar", "engine-ar", "engine-ar-compiled", "dflash", "dflash-compiled", "dflash-hybrid", "native", "prompt-lookup"
+]  # fmt: skip
 QWEN3_8B = dict(
     vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=False,
@@ -164,6 +167,9 @@ def method_calls(name: str, target, drafter, new: int, backend: str | None) -> C
         "dflash": lambda ids: engine(ids, lambda i, **k: dflash_generate(target, drafter, i, **k)),
         "dflash-compiled": lambda ids: engine(
             ids, lambda i, **k: dflash_generate(target, drafter, i, compile=compile_, **k)
+        ),
+        "dflash-hybrid": lambda ids: engine(
+            ids, lambda i, **k: dflash_generate(target, drafter, i, lookup=True, verify_length="auto", **k)
         ),
         "native": lambda ids: hf(ids, assistant_model=drafter),
         "prompt-lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=10),

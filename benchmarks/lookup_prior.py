@@ -25,8 +25,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=25, help="read every N-th response")
     p.add_argument("--look-ahead", type=int, default=15, help="tokens proposed per position (block size - 1)")
     args = p.parse_args()
-    hits = [[0] * POSITIONS for _ in range(MAX_NGRAM + 1)]  # per n and position: right tokens
-    tries = [[0] * POSITIONS for _ in range(MAX_NGRAM + 1)]  # ... and tokens judged (the ones before were right)
+    tally = NgramLookup([])  # its record, summed over every response: per n and position, right and judged tokens
     rows = 0
     with lzma.open(args.responses, "rt") as f:
         for i, line in enumerate(f):
@@ -36,21 +35,20 @@ def main() -> None:
             lookup, response = NgramLookup(row["prompt_ids"]), row["response_ids"]
             for t in range(len(response) - 1):
                 proposed, n = lookup.propose(args.look_ahead)
-                truth = response[t : t + args.look_ahead]
-                for j, (guess, real) in enumerate(zip(proposed, truth, strict=False)):
-                    tries[n][min(j, POSITIONS - 1)] += 1
-                    hits[n][min(j, POSITIONS - 1)] += guess == real
-                    if guess != real:
-                        break
+                pairs = list(zip(proposed, response[t : t + args.look_ahead], strict=False))
+                right = next((j for j, (guess, real) in enumerate(pairs) if guess != real), len(pairs))
+                if n:
+                    tally.record(n, len(pairs), right)
                 lookup.extend(response[t : t + 1])
     print(f"{rows} responses; chance a looked-up token is right, given the ones before it were (judged tokens):\n")
     print("| n | " + " | ".join(f"position {j}{'+' if j == POSITIONS - 1 else ''}" for j in range(POSITIONS)) + " |")
     print("|---:|" + "---:|" * POSITIONS)
     prior = []
     for n in range(1, MAX_NGRAM + 1):
-        rates = [h / t if t else 0.0 for h, t in zip(hits[n], tries[n], strict=True)]
+        hits, tries = tally.hits[n], tally.tries[n]
+        rates = [h / t if t else 0.0 for h, t in zip(hits, tries, strict=True)]
         prior.append(tuple(round(r, 2) for r in rates))
-        cells = " | ".join(f"{r:.2f} ({t})" for r, t in zip(rates, tries[n], strict=True))
+        cells = " | ".join(f"{r:.2f} ({t})" for r, t in zip(rates, tries, strict=True))
         print(f"| {n}{'+' if n == MAX_NGRAM else ''} | {cells} |")
     print(f"\nPRIOR = {tuple(prior)}")
 

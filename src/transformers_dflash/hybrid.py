@@ -62,14 +62,13 @@ class Proposal:
 
 class LookupCandidates(NamedTuple):
     """Each row's lookup continuation: on the device its ids (b, k) (-1 past it), lengths (b,) and the record's
-    chance of acceptance per token (b, k) (0 past it); on the host the matched n-gram lengths (0: no match), lengths
-    and chances."""
+    chance of acceptance per token (b, k) (0 past it); on the host the matched n-gram lengths (0: no match) and the
+    chances (one per looked-up token)."""
 
     ids: torch.Tensor
     lengths: torch.Tensor
     chances: torch.Tensor
     ngrams: list[int]
-    host_lengths: list[int]
     host_chances: list[list[float]]
 
 
@@ -89,7 +88,7 @@ def lookup_candidates(lookups: list[NgramLookup], k: int, device: torch.device) 
         ngrams.append(n)
     to = {"device": device, "non_blocking": True}
     device_lengths = torch.tensor(lengths).to(**to)
-    return LookupCandidates(ids.to(**to), device_lengths, chances.to(**to), ngrams, lengths, host_chances)
+    return LookupCandidates(ids.to(**to), device_lengths, chances.to(**to), ngrams, host_chances)
 
 
 def expected_length(confidence: torch.Tensor) -> torch.Tensor:

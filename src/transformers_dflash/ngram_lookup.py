@@ -76,11 +76,9 @@ class NgramLookup:
         """Estimated chance that each of `k` tokens looked up through an n-gram match is accepted, given the ones
         before it are: the record's mean with `PRIOR` as `PRIOR_WEIGHT` pseudo-observations."""
         prior = PRIOR[min(n, len(PRIOR)) - 1]
-        out = []
-        for j in range(k):
-            p = min(j, POSITIONS - 1)
-            out.append((self.hits[n][p] + PRIOR_WEIGHT * prior[p]) / (self.tries[n][p] + PRIOR_WEIGHT))
-        return out
+        hits, tries = self.hits[n], self.tries[n]
+        by_position = [(hits[p] + PRIOR_WEIGHT * prior[p]) / (tries[p] + PRIOR_WEIGHT) for p in range(POSITIONS)]
+        return [by_position[min(j, POSITIONS - 1)] for j in range(k)]
 
     def record(self, n: int, proposed: int, accepted: int) -> None:
         """Records that the target accepted `accepted` of `proposed` tokens looked up through an n-gram match: each

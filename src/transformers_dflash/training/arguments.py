@@ -68,6 +68,22 @@ several processes on a CPU machine (gloo): accelerate launch --multi_gpu --num_p
 """
 
 
+DEFAULT_DRAFT_LAYERS = 2
+
+
+def layer_list(text: str) -> list[int]:
+    """`--target-layers`' value: distinct non-negative layer ids, comma-separated, in increasing order."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated layer ids such as 1,8,14,20,27, got {text!r}"
+        ) from None
+    if any(i < 0 for i in ids) or ids != sorted(set(ids)):
+        raise argparse.ArgumentTypeError(f"layer ids must be distinct, >= 0 and increasing, got {text!r}")
+    return ids
+
+
 def _common_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("run")
@@ -147,9 +163,20 @@ def _model_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("drafter and sequences (features, train)")
     g.add_argument(
-        "--draft-layers", type=int, default=2, help="drafter decoder layers (paper 5; default: %(default)s)"
+        "--draft-layers",
+        type=int,
+        help=f"drafter decoder layers (paper 5; default: {DEFAULT_DRAFT_LAYERS}); with --init-from, more than the "
+        "drafter has appends layers that start as the identity (their output projections at zero)",
     )
     g.add_argument("--target-features", type=int, default=5, help="target layers read (paper 5; default: %(default)s)")
+    g.add_argument(
+        "--target-layers",
+        type=layer_list,
+        metavar="IDS",
+        help="the 0-based target layers read, e.g. 1,8,14,20,27,29 (default: --target-features of them, spread as "
+        "in the paper); with --init-from, layers the drafter did not read start with zero weight in `fc`, so it "
+        "starts out drafting as before and learns how much to use them",
+    )
     g.add_argument(
         "--block-size", type=int, default=16, help="tokens per block, anchor included (default: %(default)s)"
     )
@@ -159,7 +186,7 @@ def _model_flags() -> argparse.ArgumentParser:
         metavar="DRAFTER",
         help="start from this drafter's weights and config (a folder or Hub id, e.g. a shipped or published "
         "drafter to fine-tune on new data; it must pass the pair check with --target); its config replaces "
-        "--draft-layers, --target-features, --block-size and --mask-token-id",
+        "--target-features, --block-size and --mask-token-id (--draft-layers and --target-layers reshape it)",
     )
     g.add_argument(
         "--max-seq-len", type=int, default=1024, help="sequences cut to this (paper 3072; default: %(default)s)"

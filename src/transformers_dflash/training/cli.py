@@ -21,10 +21,11 @@ from ..pair_check import check_pair
 from ..prompts import load_prompts, write_prompts
 from ..special_ids import stop_token_ids_of
 from . import data
-from .arguments import EMBEDDED, STAGES, TRAIN_FLAGS, build_parser
+from .arguments import DEFAULT_DRAFT_LAYERS, EMBEDDED, STAGES, TRAIN_FLAGS, build_parser
 from .checkpoint import latest_checkpoint
 from .export import export_drafter, record_target
 from .features import FeatureCache, build_feature_cache
+from .reshape import reshape_config, reshape_drafter
 from .resume import check_shape_flags
 from .sequences import TrainingSequence, sequences_from_responses
 from .trainer import DFlashTrainer, TrainConfig
@@ -72,17 +73,19 @@ def drafter_config(
     found = latest_checkpoint(_work(args, "checkpoints"))
     if found is not None:
         config = DFlashConfig.from_pretrained(found)
-        if not args.init_from:  # with --init-from the shape comes from there, not from these flags
-            flags = {"block_size": args.block_size, "num_hidden_layers": args.draft_layers}
-            features = len(default_target_layer_ids(config.num_target_layers, args.target_features))  # shallow targets
-            flags.update(num_features=features, mask_token_id=args.mask_token_id)
-            check_shape_flags(found, config, flags)
+        flags: dict = {"target_layer_ids": args.target_layers, "num_hidden_layers": args.draft_layers}
+        if not args.init_from:  # with --init-from the other shape flags come from there
+            flags["block_size"] = args.block_size
+            if args.target_layers is None:  # shallow targets have fewer distinct layers than asked for
+                flags["num_features"] = len(default_target_layer_ids(config.num_target_layers, args.target_features))
+            flags["mask_token_id"] = args.mask_token_id
+        check_shape_flags(found, config, flags)
         return config
     if args.init_from:
         config = DFlashConfig.from_pretrained(args.init_from)
         if not (config.dflash_config or {}).get("target"):  # e.g. a z-lab checkpoint: record the target now
             record_target(config, target, _target_name(args))
-        return config
+        return reshape_config(config, target_layer_ids=args.target_layers, num_hidden_layers=args.draft_layers)
     mask = args.mask_token_id
     if mask is None:
         from ..zoo import choose_mask_token_id
@@ -91,9 +94,10 @@ def drafter_config(
     config = DFlashConfig.from_target_config(
         target.config,
         mask_token_id=mask,
-        num_hidden_layers=args.draft_layers,
+        num_hidden_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
         block_size=args.block_size,
         num_target_features=args.target_features,
+        target_layer_ids=args.target_layers,
     )
     record_target(config, target, _target_name(args))
     return config
@@ -204,15 +208,21 @@ def _eval_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase |
 
 
 def initial_drafter(args: argparse.Namespace, target: PreTrainedModel, config: DFlashConfig) -> DFlashDraftModel:
-    """A freshly initialised fp32 drafter for `config`, or --init-from's weights after the pair check.
+    """A freshly initialised fp32 drafter for `config`, or --init-from's weights after the pair check (given
+    `config`'s shape by `reshape_drafter` when --target-layers or --draft-layers change it).
 
     A resumed run loads its checkpoint's weights over either.
     """
     if not args.init_from:
         return DFlashDraftModel(config)
     dtype = next(target.parameters()).dtype
-    drafter = DFlashDraftModel.from_pretrained(args.init_from, config=config, dtype=dtype)
+    saved = DFlashConfig.from_pretrained(args.init_from)
+    as_saved = reshape_config(config, target_layer_ids=saved.target_layer_ids)
+    as_saved.num_hidden_layers, as_saved.layer_types = saved.num_hidden_layers, getattr(saved, "layer_types", None)
+    drafter = DFlashDraftModel.from_pretrained(args.init_from, config=as_saved, dtype=dtype)
     check_pair(target, drafter, same_device=False)  # a drafter trained for another target is refused here
+    for change in reshape_drafter(drafter, config):
+        print(f"dflash-train: {change}", file=sys.stderr)
     print(f"dflash-train: drafter initialised from {args.init_from}", file=sys.stderr)
     return drafter.float()
 

@@ -38,6 +38,7 @@ SHAPE_FLAGS = {
     "num_hidden_layers": "--draft-layers",
     "num_features": "--target-features",
     "mask_token_id": "--mask-token-id",
+    "target_layer_ids": "--target-layers",
 }
 _FLAG_OF_FIELD = {field: "--" + dest.replace("_", "-") for dest, field in TRAIN_FLAGS.items()}
 
@@ -76,13 +77,11 @@ def check_drafter_config(checkpoint: Path, saved: PretrainedConfig, current: Pre
         for field, flag in SHAPE_FLAGS.items()
         if getattr(current, field) != getattr(saved, field)
     }
-    if current.target_layer_ids != saved.target_layer_ids:
-        differences["target_layer_ids"] = (current.target_layer_ids, saved.target_layer_ids)
     if differences:
         refuse(checkpoint, differences)
 
 
-def check_shape_flags(checkpoint: Path, saved: PretrainedConfig, flags: dict[str, int | None]) -> None:
+def check_shape_flags(checkpoint: Path, saved: PretrainedConfig, flags: dict[str, int | list[int] | None]) -> None:
     """Refuses command-line drafter-shape flags (`SHAPE_FLAGS` field -> value, None: not given) that differ from
     the checkpoint's drafter config `saved`."""
     differences = {

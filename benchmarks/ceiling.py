@@ -129,7 +129,7 @@ def main() -> None:
     for r in table:
         accs = " | ".join(f"{r[f'acc1:{name}']:.1%}" for name in names)
         print(f"| {r['p_top1']} | {r['share']:.1%} | {r['blocks']} | {accs} |")
-    print(f"| all | | {summary['blocks']} | " + " | ".join(f"{hits[name].mean().item():.1%}" for name in names) + " |")
+    print(f"| all | | {summary['blocks']} | " + " | ".join(f"{summary[f'acc1:{name}']:.1%}" for name in names) + " |")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def test_layer_lists_are_checked_with_a_clear_message() -> None:
         with pytest.raises(argparse.ArgumentTypeError, match="layer ids"):
             layer_list(bad)
     config = make_drafter(make_target("llama", num_layers=4), features=2).config
-    with pytest.raises(ValueError, match="below the target's depth"):
+    with pytest.raises(ValueError, match="outside the target's depth"):
         reshape_config(config, target_layer_ids=[1, 4])
     assert reshape_config(config, target_layer_ids=[1, 2]).target_layer_ids == [1, 2]
     assert config.target_layer_ids == [0, 3]  # a copy

@@ -27,18 +27,11 @@ def reshape_config(
 ) -> DFlashConfig:
     """A copy of `config` reading `target_layer_ids` and with `num_hidden_layers` draft layers (None: unchanged).
 
-    Refuses target layers outside the target's depth, and fewer draft layers than `config` has (a trained layer
-    cannot be dropped without changing what the drafter computes).
+    Refuses target layers outside the target's depth (the config's own check), and fewer draft layers than
+    `config` has (a trained layer cannot be dropped without changing what the drafter computes).
     """
     changed = copy.deepcopy(config)
     if target_layer_ids is not None:
-        depth = config.num_target_layers
-        bad = [i for i in target_layer_ids if i < 0 or (depth is not None and i >= depth)]
-        if bad or not target_layer_ids:
-            raise ValueError(
-                f"--target-layers {target_layer_ids}: layer ids must be 0-based and below the target's depth ({depth} "
-                f"layers); {bad or 'none given'} are not."
-            )
         changed.target_layer_ids = list(target_layer_ids)
         changed.dflash_config = {**(changed.dflash_config or {}), "target_layer_ids": list(target_layer_ids)}
     if num_hidden_layers is not None and num_hidden_layers != config.num_hidden_layers:
@@ -51,6 +44,7 @@ def reshape_config(
         if getattr(config, "layer_types", None):  # new layers repeat the last layer's attention type
             added = num_hidden_layers - len(config.layer_types)
             changed.layer_types = list(config.layer_types) + [config.layer_types[-1]] * added
+    changed._check()
     return changed
 
 

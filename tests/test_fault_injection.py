@@ -130,9 +130,10 @@ def test_a_pickle_folder_loads_with_the_opt_in(pair, saved) -> None:
 # ---- data files -------------------------------------------------------------------------------------------------
 
 
-def _rows(count: int, response: int = 10) -> list[dict]:
+def _rows(count: int, response: int = 10, first: int = 0) -> list[dict]:
     return [
-        {"id": f"r{i}", "prompt_ids": [4, 5, 6], "response_ids": list(range(7, 7 + response))} for i in range(count)
+        {"id": f"r{i}", "prompt_ids": [4, 5, 6], "response_ids": list(range(7, 7 + response))}
+        for i in range(first, first + count)
     ]
 
 
@@ -177,13 +178,20 @@ def test_a_cut_off_last_line_is_dropped_with_a_notice_and_a_count(tmp_path, caps
 
 
 def test_rows_too_short_for_a_block_are_counted_in_the_summary(tmp_path, capsys) -> None:
-    rows = _rows(3) + _rows(2, response=2)
+    rows = _rows(3) + _rows(2, response=2, first=3)
     _write_jsonl(tmp_path / "responses.jsonl", rows)
     args = cli.build_parser().parse_args(["train", "--work-dir", str(tmp_path)])
     assert len(cli._sequences(args, block_size=4)) == 3
     assert "3 training sequences from 5 response rows; 2 dropped: response shorter than one block of 4" in (
         capsys.readouterr().err
     )
+
+
+def test_a_repeated_response_id_is_refused_naming_it(tmp_path) -> None:
+    _write_jsonl(tmp_path / "responses.jsonl", _rows(3) + _rows(1))  # ids key the feature cache: one row each
+    args = cli.build_parser().parse_args(["train", "--work-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="Response id 'r0' occurs twice .*drop the repeated rows"):
+        cli._sequences(args, block_size=4)
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------

@@ -258,6 +258,13 @@ def _train_flags() -> argparse.ArgumentParser:
         "from the cache (default: %(default)s)",
     )
     g.add_argument(
+        "--feature-cache",
+        action="append",
+        metavar="DIR",
+        help="feature cache folder(s) to read, repeatable: e.g. earlier stages' caches replayed together with "
+        "their --responses files; a sequence is read from the first that holds it (default: WORK_DIR/features)",
+    )
+    g.add_argument(
         "--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto", help="auto: bf16 on GPU"
     )
     g.add_argument("--gradient-checkpointing", action="store_true", help="recompute draft layers in backward")

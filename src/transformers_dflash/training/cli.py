@@ -159,15 +159,24 @@ def _eval_file(args: argparse.Namespace) -> Path:
 
 
 def _rows(args: argparse.Namespace, required: bool = True) -> list[dict]:
-    """Response rows of every --responses file; with several files, ids are prefixed by the file's stem (the same
-    prompt may appear in a regenerated and a reference-answer file). Missing files raise when `required`."""
-    files = _response_files(args)
-    rows = []
-    for path in files:
-        found = data.read_responses(path)
-        if not found and required:
-            raise FileNotFoundError(f"No responses in {path}; run the `responses` stage first.")
-        rows += [{**r, "id": f"{path.stem}:{r['id']}"} for r in found] if len(files) > 1 else found
+    """Response rows of every --responses file. An id found in several files (the same prompt in a regenerated and
+    a reference-answer file) is prefixed by each file's stem; other ids stay as written, so the feature cache an
+    earlier stage built for one file serves a run over several. Missing files raise when `required`."""
+    found = {path: data.read_responses(path) for path in _response_files(args)}
+    if required and (empty := [path for path, rows in found.items() if not rows]):
+        raise FileNotFoundError(f"No responses in {empty[0]}; run the `responses` stage first.")
+    counts = Counter(i for rows in found.values() for i in {r["id"] for r in rows})  # files holding each id
+    rows = [
+        {**r, "id": f"{path.stem}:{r['id']}"} if counts[r["id"]] > 1 else r
+        for path, part in found.items()
+        for r in part
+    ]
+    clashes = [i for i, n in Counter(r["id"] for r in rows).items() if n > 1]
+    if clashes:
+        raise ValueError(
+            f"Response id {clashes[0]!r} occurs twice ({len(clashes)} such ids): a file lists it twice, or two "
+            "--responses files with the same name do; rename one file or drop the repeated rows."
+        )
     return rows[: args.max_sequences]
 
 
@@ -233,10 +242,13 @@ def stage_train(
     """Trains the drafter, resuming from the newest checkpoint in --work-dir."""
     torch.manual_seed(args.seed)
     drafter = initial_drafter(args, target, config)
-    cache_dir = _work(args, "features")
-    cache = FeatureCache(cache_dir) if args.features != "online" and (cache_dir / "meta.json").exists() else None
-    if args.features == "cache" and cache is None:
-        raise FileNotFoundError(f"--features cache, but there is no feature cache in {cache_dir}; run `features`.")
+    cache_dirs = [Path(d) for d in args.feature_cache] if args.feature_cache else [_work(args, "features")]
+    absent = [d for d in cache_dirs if not (d / "meta.json").exists()]
+    if args.feature_cache and absent:
+        raise FileNotFoundError(f"--feature-cache {absent[0]} is not a feature cache (no meta.json); run `features`.")
+    caches = [FeatureCache(d) for d in cache_dirs if d not in absent] if args.features != "online" else []
+    if args.features == "cache" and not caches:
+        raise FileNotFoundError(f"--features cache, but there is no feature cache in {cache_dirs[0]}; run `features`.")
     train_config = TrainConfig(args.work_dir, **{field: getattr(args, dest) for dest, field in TRAIN_FLAGS.items()})
     trainer = DFlashTrainer(
         target,
@@ -244,7 +256,7 @@ def stage_train(
         _sequences(args, config.block_size),
         train_config,
         eval_prompts=_eval_prompts(args, tokenizer),
-        feature_cache=cache,
+        feature_cache=caches or None,
         stop_token_ids=stop_token_ids_of(target, None),
         run_info={
             "command": " ".join(["dflash-train", *map(shlex.quote, sys.argv[1:])]),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,13 +298,14 @@ def build_feature_cache(
 
 
 class FeatureSource:
-    """Features for a batch of sequences: read from a `FeatureCache` when given, else computed by the target.
+    """Features for a batch of sequences: read from feature caches when given, else computed by the target.
 
-    A cache built for more target layers serves a drafter that reads a subset of them (e.g. a 5-layer cache for
-    3-layer ablations).
+    Several caches serve one run (e.g. the caches of earlier stages replayed together); a sequence is read from the
+    first cache that holds its id. A cache built for more target layers serves a drafter that reads a subset of
+    them (e.g. a 5-layer cache for 3-layer ablations).
 
     Returns features right-padded with zeros to the longest sequence (b, n_max, F * H) on `device`, with
-    predictions (b, n_max) when `with_predictions` and the top-k (b, n_max, k) when `top_k` (the cache must then
+    predictions (b, n_max) when `with_predictions` and the top-k (b, n_max, k) when `top_k` (the caches must then
     hold them; a cache with a larger k serves a smaller one).
     """
 
@@ -312,42 +313,55 @@ class FeatureSource:
         self,
         target: PreTrainedModel,
         target_layer_ids: list[int],
-        cache: FeatureCache | None = None,
+        cache: FeatureCache | Sequence[FeatureCache] | None = None,
         with_predictions: bool = False,
         top_k: int = 0,
     ) -> None:
-        self.layer_slots: list[int] | None = None  # which of the cache's layers the drafter reads, in its order
-        if cache is not None:
-            missing = [layer for layer in target_layer_ids if layer not in cache.target_layer_ids]
+        caches = [] if cache is None else [cache] if isinstance(cache, FeatureCache) else list(cache)
+        # per cache, which of its layers the drafter reads, in the drafter's order (None: all, as stored)
+        self.caches: list[tuple[FeatureCache, list[int] | None]] = []
+        for one in caches:
+            missing = [layer for layer in target_layer_ids if layer not in one.target_layer_ids]
             if missing:
                 raise ValueError(
-                    f"The feature cache holds target layers {cache.target_layer_ids}, the drafter reads "
+                    f"The feature cache {one.directory} holds target layers {one.target_layer_ids}, the drafter reads "
                     f"{list(target_layer_ids)} ({missing} missing); rebuild the cache or match --target-features."
                 )
-            if list(target_layer_ids) != cache.target_layer_ids:
-                self.layer_slots = [cache.target_layer_ids.index(layer) for layer in target_layer_ids]
-            if with_predictions and not cache.has_predictions:
-                raise ValueError("Target-argmax labels need predictions in the feature cache; rebuild it with them.")
-            if cache.top_k < top_k:
+            if with_predictions and not one.has_predictions:
                 raise ValueError(
-                    f"Distillation reads the target's top-{top_k} per position, the feature cache holds the "
-                    f"top-{cache.top_k}; rebuild it with `features --top-k {top_k}` (or lower --top-k)."
+                    f"Target-argmax labels need predictions in the feature cache {one.directory}; rebuild it with them."
                 )
+            if one.top_k < top_k:
+                raise ValueError(
+                    f"Distillation reads the target's top-{top_k} per position, the feature cache {one.directory} "
+                    f"holds the top-{one.top_k}; rebuild it with `features --top-k {top_k}` (or lower --top-k)."
+                )
+            same = list(target_layer_ids) == one.target_layer_ids
+            self.caches.append((one, None if same else [one.target_layer_ids.index(x) for x in target_layer_ids]))
         self.target, self.target_layer_ids = target, list(target_layer_ids)
-        self.cache, self.with_predictions, self.top_k = cache, with_predictions or top_k > 0, top_k
-
-    def _select_layers(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(b, n, F_cache * H) cached features -> (b, n, F * H) of the drafter's layers (a cache may hold more)."""
-        if self.layer_slots is None:
-            return hidden
-        b, n, width = hidden.shape
-        per_layer = hidden.view(b, n, len(self.cache.target_layer_ids), width // len(self.cache.target_layer_ids))
-        return per_layer[:, :, self.layer_slots].reshape(b, n, -1)
+        self.with_predictions, self.top_k = with_predictions or top_k > 0, top_k
 
     @property
     def kind(self) -> str:
         """ "cached" or "online"."""
-        return "online" if self.cache is None else "cached"
+        return "cached" if self.caches else "online"
+
+    def uncached(self, sequence_ids: Iterable[str]) -> list[str]:
+        """The ids none of the caches holds (all of them when features are computed online)."""
+        return [i for i in sequence_ids if not any(i in one for one, _ in self.caches)]
+
+    def _cached(self, sequence_id: str) -> TargetFeatures:
+        """One sequence's features from the first cache holding it, (1, n, F * H) in the drafter's layer order."""
+        for one, slots in self.caches:
+            if sequence_id in one:
+                found = one.get(sequence_id)
+                if slots is not None:
+                    _, n, width = found.hidden.shape
+                    per_layer = found.hidden.view(1, n, len(one.target_layer_ids), width // len(one.target_layer_ids))
+                    found.hidden = per_layer[:, :, slots].reshape(1, n, -1)  # (1, n, F * H)
+                return found
+        where = ", ".join(str(one.directory) for one, _ in self.caches)
+        raise KeyError(f"Sequence {sequence_id!r} is in none of the feature caches ({where}); rerun `features`.")
 
     def online(self, input_ids: torch.LongTensor, lengths: torch.LongTensor) -> TargetFeatures:
         """Features computed by the target for (b, n) right-padded `input_ids` with (b,) `lengths`, on their device
@@ -360,10 +374,10 @@ class FeatureSource:
     def __call__(self, sequences: list[tuple[str, torch.LongTensor]], device: torch.device) -> TargetFeatures:
         """Features of `(id, (n_i,) token ids)` sequences."""
         lengths = [ids.shape[0] for _, ids in sequences]
-        if self.cache is None:
+        if not self.caches:
             ids = torch.nn.utils.rnn.pad_sequence([seq for _, seq in sequences], batch_first=True)  # (b, n)
             return self.online(ids.to(device), torch.tensor(lengths, device=device))
-        parts = [self.cache.get(sequence_id) for sequence_id, _ in sequences]
+        parts = [self._cached(sequence_id) for sequence_id, _ in sequences]
         for part, length, (sequence_id, _) in zip(parts, lengths, sequences, strict=True):
             if part.hidden.shape[1] < length:  # a longer cached sequence is fine: features are causal, use a prefix
                 raise ValueError(
@@ -375,7 +389,7 @@ class FeatureSource:
             rows = [getattr(p, kind)[0, :length] for p, length in zip(parts, lengths, strict=True)]
             return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)  # (b, n, ...)
 
-        found = TargetFeatures(self._select_layers(padded("hidden")))  # (b, n, F * H)
+        found = TargetFeatures(padded("hidden"))  # (b, n, F * H)
         if self.with_predictions:
             found.predictions = padded("predictions")  # (b, n)
         if self.top_k:

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,8 @@ class DFlashTrainer:
         sequences: training sequences (each holds at least one full block of response).
         config: the run's hyper-parameters.
         eval_prompts: held-out prompts (token ids, chat template applied) for tau.
-        feature_cache: precomputed target features; None computes them online every step.
+        feature_cache: precomputed target features, one cache or several (a sequence is read from the first that
+            holds it; every sequence must be in one); None computes them online every step.
         stop_token_ids: tokens that end a generation when measuring tau (the target's eos).
         run_info: facts about the run kept in the trainer state (e.g. the command line); hardware is added.
     """
@@ -191,7 +193,7 @@ class DFlashTrainer:
         sequences: list[TrainingSequence],
         config: TrainConfig,
         eval_prompts: list[list[int]] | None = None,
-        feature_cache: FeatureCache | None = None,
+        feature_cache: FeatureCache | Sequence[FeatureCache] | None = None,
         stop_token_ids: list[int] | None = None,
         run_info: dict[str, str] | None = None,
     ) -> None:
@@ -242,6 +244,13 @@ class DFlashTrainer:
             with_predictions=config.labels == "target",
             top_k=config.top_k if config.distill > 0 else 0,
         )
+        uncached = self.features.uncached(s.id for s in sequences) if self.features.kind == "cached" else []
+        if uncached:
+            where = ", ".join(str(one.directory) for one, _ in self.features.caches)
+            raise ValueError(
+                f"{len(uncached)} of {len(sequences)} sequences (e.g. {uncached[0]!r}) are in none of the feature "
+                f"caches ({where}); run `features` for these responses, or train with --features online."
+            )
         if config.gradient_checkpointing:  # Transformers 5.24 renamed it activation checkpointing
             if hasattr(drafter, "activation_checkpointing_enable"):
                 drafter.activation_checkpointing_enable({"use_reentrant": False})
@@ -275,7 +284,7 @@ class DFlashTrainer:
 
     def host_batch(self, indices: list[int], epoch: int) -> HostBatch:
         """The host side of the micro-batch `indices` in `epoch` (cached features read here; pinned on a GPU)."""
-        cached = self.features.cache is not None
+        cached = self.features.kind == "cached"
         host = collate(
             self.sequences, indices, self.config.seed, epoch, self.block_size, self.config.num_anchors,
             features=(lambda seqs: self.features(seqs, torch.device("cpu"))) if cached else None,

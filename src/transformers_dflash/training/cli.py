@@ -242,13 +242,12 @@ def stage_train(
     """Trains the drafter, resuming from the newest checkpoint in --work-dir."""
     torch.manual_seed(args.seed)
     drafter = initial_drafter(args, target, config)
-    cache_dirs = [Path(d) for d in args.feature_cache] if args.feature_cache else [_work(args, "features")]
-    absent = [d for d in cache_dirs if not (d / "meta.json").exists()]
-    if args.feature_cache and absent:
-        raise FileNotFoundError(f"--feature-cache {absent[0]} is not a feature cache (no meta.json); run `features`.")
-    caches = [FeatureCache(d) for d in cache_dirs if d not in absent] if args.features != "online" else []
+    default = _work(args, "features")
+    caches = []  # FeatureCache refuses a named folder that is not a cache; the work dir's is optional unless required
+    if args.features != "online" and (args.feature_cache or (default / "meta.json").exists()):
+        caches = [FeatureCache(d) for d in args.feature_cache or [default]]
     if args.features == "cache" and not caches:
-        raise FileNotFoundError(f"--features cache, but there is no feature cache in {cache_dirs[0]}; run `features`.")
+        raise FileNotFoundError(f"--features cache, but there is no feature cache in {default}; run `features`.")
     train_config = TrainConfig(args.work_dir, **{field: getattr(args, dest) for dest, field in TRAIN_FLAGS.items()})
     trainer = DFlashTrainer(
         target,
@@ -256,7 +255,7 @@ def stage_train(
         _sequences(args, config.block_size),
         train_config,
         eval_prompts=_eval_prompts(args, tokenizer),
-        feature_cache=caches or None,
+        feature_cache=caches,
         stop_token_ids=stop_token_ids_of(target, None),
         run_info={
             "command": " ".join(["dflash-train", *map(shlex.quote, sys.argv[1:])]),

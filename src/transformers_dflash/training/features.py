@@ -223,7 +223,7 @@ class FeatureCache:
         self.directory = Path(directory)
         meta_path = self.directory / "meta.json"
         if not meta_path.exists():
-            raise FileNotFoundError(f"No feature cache at {self.directory} (meta.json missing); run `features` first.")
+            raise FileNotFoundError(f"{self.directory} is not a feature cache (no meta.json); run `features` first.")
         meta = json.loads(meta_path.read_text())
         self.width: int = meta["width"]
         self.target_layer_ids: list[int] = meta["target_layer_ids"]

@@ -26,6 +26,7 @@ def plot_tau_curve(stages: list[dict], path: Path) -> Path:
     ax.plot([s["tokens_m"] for s in early], [s["held12"] for s in early], "s:", color="grey", label="12 prompts x 128")
     later = [s for s in stages if "held36" in s]
     shipped = [s for s in later if s["shipped"]]
+    others = [s for s in later if not s["shipped"]]
     for name in SETS:
         (line,) = ax.plot(
             [s["tokens_m"] for s in shipped],
@@ -34,7 +35,6 @@ def plot_tau_curve(stages: list[dict], path: Path) -> Path:
             linewidth=2 if name == "all" else 1,
             label=f"36 prompts: {name}" if name == "all" else f"36 prompts: bench {name}",
         )
-        others = [s for s in later if not s["shipped"]]
         ax.plot([s["tokens_m"] for s in others], [s["held36"][name] for s in others], "x", color=line.get_color())
     for s in later:
         ax.annotate(  # shipped stages labelled below their point, the others to the right of their cross

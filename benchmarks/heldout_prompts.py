@@ -2,9 +2,11 @@
 
 24 training-mix prompts (the first 6 of each source in the shared eval file, which no stage trained on) and the
 first turns of the bench's first 4 GSM8K / HumanEval / MT-Bench prompts (`dflash-bench --max-samples 4`, seed 0),
-grouped as ``mix-<source>`` and ``bench-<set>``:
+grouped as ``mix-<source>`` and ``bench-<set>``. ``--rest`` writes the eval file's other prompts instead (40 of the
+shared file's 64, grouped as ``rest-<source>``), a second, disjoint held-out set:
 
     python benchmarks/heldout_prompts.py --out runs/cmp/prompts.jsonl
+    python benchmarks/heldout_prompts.py --rest --out runs/cmp/rest40.jsonl
     python benchmarks/compare_drafters.py runs/cmp/prompts.jsonl --max-new-tokens 96 old=DIR new=DIR
 """
 
@@ -20,13 +22,21 @@ EVAL_FILE = "../shared/datasets/smollm2-135m-prompts-eval-2026-12-04.jsonl"
 BENCH_SETS = ("gsm8k", "humaneval", "mt-bench")
 
 
-def heldout_prompts(eval_file: str, gsm8k_path: str, per_source: int = 6, per_bench_set: int = 4) -> list[Prompt]:
-    """The comparison prompts: ``per_source`` of each eval-file source, then ``per_bench_set`` first turns per set."""
+def split_eval_file(eval_file: str, per_source: int = 6) -> tuple[list[Prompt], list[Prompt]]:
+    """The eval file's first ``per_source`` prompts of each source (``mix-<source>``) and the rest (``rest-<source>``)."""
     taken: dict[str, list[Prompt]] = defaultdict(list)
+    rest = []
     for prompt in load_prompts(f"jsonl:{eval_file}"):
         if len(taken[prompt.dataset]) < per_source:
             taken[prompt.dataset].append(replace(prompt, dataset=f"mix-{prompt.dataset}"))
-    mix = [p for group in taken.values() for p in group]
+        else:
+            rest.append(replace(prompt, dataset=f"rest-{prompt.dataset}"))
+    return [p for group in taken.values() for p in group], rest
+
+
+def heldout_prompts(eval_file: str, gsm8k_path: str, per_source: int = 6, per_bench_set: int = 4) -> list[Prompt]:
+    """The comparison prompts: ``per_source`` of each eval-file source, then ``per_bench_set`` first turns per set."""
+    mix, _ = split_eval_file(eval_file, per_source)
     bench = [
         replace(p, dataset=f"bench-{name}", turns=p.turns[:1])
         for name in BENCH_SETS
@@ -39,9 +49,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eval-file", default=EVAL_FILE, help="the shared eval prompts (default: %(default)s)")
     parser.add_argument("--gsm8k-path", default="benchmarks/gsm8k_heldout.jsonl", help="(default: %(default)s)")
+    parser.add_argument("--rest", action="store_true", help="write the eval prompts the 36 leave out instead")
     parser.add_argument("--out", default="runs/cmp/prompts.jsonl", help="(default: %(default)s)")
     args = parser.parse_args()
-    prompts = heldout_prompts(args.eval_file, args.gsm8k_path)
+    prompts = split_eval_file(args.eval_file)[1] if args.rest else heldout_prompts(args.eval_file, args.gsm8k_path)
     print(f"{len(prompts)} prompts -> {write_prompts(prompts, args.out)}")
 
 

@@ -71,6 +71,25 @@ def test_real_step_times_correct_the_measured_costs():
     assert list(costs.costs().values()) == sorted(costs.costs().values())
 
 
+def test_one_stalled_step_does_not_price_a_width_out_for_good():
+    costs = StepCosts({1: 1.0, 2: 1.1, 16: 2.0}, smoothing=0.2, horizon=8)
+    fair, running = torch.full((1, 15), 0.6), torch.zeros(1, dtype=torch.bool)
+    for _ in range(3):  # real steps as measured
+        costs.observe(1, 1.0)
+        costs.observe(2, 1.1)
+    assert choose_width(fair, running, costs.costs()) == 2
+    costs.observe(2, 100.0)  # the host stalled for one step: it counts as at most twice the factor
+    assert costs.costs()[2] == pytest.approx(1.1 * 1.2) and choose_width(fair, running, costs.costs()) == 2
+    for _ in range(8):  # width 2 really is dearer now: plain steps win
+        costs.observe(1, 1.0)
+        costs.observe(2, 3.3)
+    assert choose_width(fair, running, costs.costs()) == 1
+    for _ in range(8):  # after `horizon` steps without it, width 2 is priced like its neighbour again
+        assert costs.costs()[2] > 2.0
+        costs.observe(1, 1.0)
+    assert costs.costs()[2] == pytest.approx(1.1) and choose_width(fair, running, costs.costs()) == 2
+
+
 def test_token_rule_reads_the_warpers_generate_built():
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5), TopPLogitsWarper(0.9)])
     rule = TokenRule.from_generate(warpers, do_sample=True)

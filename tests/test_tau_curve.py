@@ -62,3 +62,11 @@ def test_heldout_prompts_take_six_per_source_and_first_turns(tmp_path) -> None:
     ]
     assert [row["id"] for row in written[:6]] == [f"sharegpt:{i}" for i in range(6)]
     assert all(len(row["messages"]) == 1 for row in written)  # MT-Bench's second turns are left out
+    rest = tmp_path / "rest.jsonl"
+    run = subprocess.run(
+        [sys.executable, str(script), *args, "--rest", "--out", str(rest)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    left = [json.loads(line) for line in rest.read_text().splitlines()]
+    assert [row["id"] for row in left] == ["sharegpt:6", "code:6", "sharegpt:7", "code:7"]
+    assert {row["dataset"] for row in left} == {"rest-sharegpt", "rest-code"}

@@ -58,31 +58,53 @@ class StepCosts:
 
     Each width's cost is its measured cost (draft + verify, or verify alone for a step that does not draft) times a
     correction factor: the running average of real / measured over the steps that used that width, or, for a width
-    not used yet, the factor of the nearest width that was (1 before any step). Costs stay non-decreasing in the
-    width.
+    not used in the last `horizon` steps, the factor of the nearest width that was (1 before any step). Costs stay
+    non-decreasing in the width.
+
+    One stalled step (the host paused, another process ran) must not price a width out for good: an observation
+    counts at most `max_jump` times the factor it corrects, and a width that has gone unused for `horizon` steps
+    forgets its factor, so the next choice prices it like its neighbours and a real step measures it again.
 
     Args:
         verify: seconds of the target's verify forward for each width, from [`measure_step_costs`].
         draft: seconds of the draft step.
         smoothing: weight of a new observation in the running average.
+        max_jump: the largest ratio of one observation to the factor it corrects.
+        horizon: steps after which an unused width's factor is forgotten.
     """
 
-    def __init__(self, verify: dict[int, float], draft: float = 0.0, smoothing: float = 0.2) -> None:
+    def __init__(
+        self,
+        verify: dict[int, float],
+        draft: float = 0.0,
+        smoothing: float = 0.2,
+        max_jump: float = 2.0,
+        horizon: int = 64,
+    ) -> None:
         self.verify, self.draft, self.smoothing = dict(sorted(verify.items())), draft, smoothing
+        self.max_jump, self.horizon = max_jump, horizon
         self.factor: dict[int, float] = {}
+        self.last_step: dict[int, int] = {}  # width -> the step count when it was last observed
+        self.steps = 0
 
     def _measured(self, width: int, drafting: bool) -> float:
         return self.verify[width] + (self.draft if drafting else 0.0)
 
     def observe(self, width: int, seconds: float, drafting: bool = True) -> None:
         """Records the wall time of one real step that verified `width` tokens (after a draft, or without one)."""
-        ratio = seconds / self._measured(width, drafting)
-        old = self.factor.get(width)
+        index = list(self.verify).index(width)
+        ratio = min(seconds / self._measured(width, drafting), self.max_jump * self._factor(index))
+        old = self.factor.get(width) if self._recent(width) else None
         self.factor[width] = ratio if old is None else (1 - self.smoothing) * old + self.smoothing * ratio
+        self.steps += 1
+        self.last_step[width] = self.steps
+
+    def _recent(self, width: int) -> bool:
+        return width in self.factor and self.steps - self.last_step[width] < self.horizon
 
     def _factor(self, index: int) -> float:
         widths = list(self.verify)
-        used = [i for i, w in enumerate(widths) if w in self.factor]
+        used = [i for i, w in enumerate(widths) if self._recent(w)]
         if not used:
             return 1.0
         nearest = min(used, key=lambda i: (abs(i - index), -i))

@@ -1,8 +1,10 @@
 """Training data: prompt mixing, held-out split, regeneration (local and through a fake OpenAI server)."""
 
 import json
+import lzma
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from transformers_dflash.prompts import Prompt
 from transformers_dflash.training import data as D
+from transformers_dflash.training.sequences import sequences_from_responses
 
 WORDS = [f"w{i}" for i in range(40)]
 TEMPLATE = (
@@ -263,3 +266,15 @@ def test_sampling_is_seeded(tokenizer, target, tmp_path):
     )
     assert a == b
     assert [r["response_ids"] for r in a] != [r["response_ids"] for r in greedy]
+
+
+def test_the_regenerated_data_in_git_reads_as_response_rows(tmp_path) -> None:
+    files = sorted((Path(__file__).resolve().parents[1] / "data").glob("*.jsonl.xz"))
+    assert files, "data/ holds the regenerated responses (data/README.md)"
+    for file in files:
+        plain = tmp_path / file.stem  # the .jsonl
+        plain.write_bytes(lzma.decompress(file.read_bytes()))
+        rows = D.read_responses(plain)
+        assert rows and len({row["id"] for row in rows}) == len(rows), file.name
+        assert all(row["response_ids"] and row["source"] for row in rows), file.name
+        assert sequences_from_responses(rows, block_size=16, max_seq_len=448), file.name

@@ -52,7 +52,7 @@ def test_heldout_prompts_take_six_per_source_and_first_turns(tmp_path) -> None:
     script = ROOT / "benchmarks" / "heldout_prompts.py"
     args = ["--eval-file", str(eval_file), "--gsm8k-path", str(ROOT / "benchmarks" / "gsm8k_heldout.jsonl")]
     run = subprocess.run(
-        [sys.executable, str(script), *args, "--out", str(out)], capture_output=True, text=True, check=False, cwd=ROOT
+        [sys.executable, str(script), *args, "--out", str(out)], capture_output=True, text=True, check=False
     )
     assert run.returncode == 0, run.stderr
     written = [json.loads(line) for line in out.read_text().splitlines()]

@@ -271,6 +271,7 @@ def test_sampling_is_seeded(tokenizer, target, tmp_path):
 def test_the_regenerated_data_in_git_reads_as_response_rows(tmp_path) -> None:
     files = sorted((Path(__file__).resolve().parents[1] / "data").glob("*.jsonl.xz"))
     assert files, "data/ holds the regenerated responses (data/README.md)"
+    seen: set[str] = set()
     for file in files:
         plain = tmp_path / file.stem  # the .jsonl
         plain.write_bytes(lzma.decompress(file.read_bytes()))
@@ -278,3 +279,6 @@ def test_the_regenerated_data_in_git_reads_as_response_rows(tmp_path) -> None:
         assert rows and len({row["id"] for row in rows}) == len(rows), file.name
         assert all(row["response_ids"] and row["source"] for row in rows), file.name
         assert sequences_from_responses(rows, block_size=16, max_seq_len=448), file.name
+        ids = {row["id"] for row in rows}
+        assert not ids & seen, f"{file.name} repeats prompts of an earlier file: each continues the draw"
+        seen |= ids

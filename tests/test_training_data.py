@@ -138,6 +138,17 @@ def test_build_prompt_mix(tokenizer):
         D.build_prompt_mix(sources, {"mt-bench": 1.0}, 5, tokenizer)
 
 
+def test_build_prompt_mix_says_when_a_source_runs_out(tokenizer):
+    sources = {"gsm8k": _prompts(40, "g"), "code": _prompts(3, "c")}
+    with pytest.warns(UserWarning, match="'code' ran out: 3 of 10"):
+        train, _ = D.build_prompt_mix(sources, {"gsm8k": 0.5, "code": 0.5}, 20, tokenizer, seed=1)
+    assert [sum(p.dataset == n for p in train) for n in sources] == [10, 3]
+    with pytest.raises(ValueError, match="No training prompt left.*--max-prompt-tokens"):
+        D.build_prompt_mix(sources, {"gsm8k": 1.0, "code": 1.0}, 20, tokenizer, max_prompt_tokens=1)
+    with pytest.raises(ValueError, match="No training prompt left"):
+        D.build_prompt_mix(sources, {"gsm8k": 1.0}, 5, tokenizer, exclude=sources["gsm8k"])
+
+
 def test_batched_left_padding_matches_unbatched_generate(tokenizer, target, tmp_path):
     prompts = _prompts(7)
     eos_ids = [tokenizer.eos_token_id]

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -175,7 +176,24 @@ def build_prompt_mix(
     evals = interleave(held_out, [len(group) for group in held_out])  # any prefix samples every source
     # Smallest share first: a narrow source (code) keeps the texts it shares with a broad one (ShareGPT).
     order = sorted(weights, key=lambda name: weights[name])
-    drawn = {name: draw(pools[name], round(total * weights[name] / weight_sum)) for name in order}
+    wanted = {name: round(total * weights[name] / weight_sum) for name in order}
+    drawn = {name: draw(pools[name], wanted[name]) for name in order}
+    short = {name: len(drawn[name]) for name in order if len(drawn[name]) < wanted[name]}
+    cause = (
+        f"a duplicate, shares a 13-gram with the excluded prompts or is longer than max_prompt_tokens "
+        f"({max_prompt_tokens})"
+    )
+    if total > 0 and not any(drawn.values()):
+        raise ValueError(
+            f"No training prompt left in {sorted(sources)}: every prompt is already taken, {cause}. Raise "
+            "--max-prompt-tokens, add another --source (e.g. jsonl:PATH), or exclude fewer prompt files."
+        )
+    for name, count in short.items():
+        warnings.warn(
+            f"Source {name!r} ran out: {count} of {wanted[name]} prompts (the rest is {cause}); the mix is "
+            "skewed toward the other sources.",
+            stacklevel=2,
+        )
     train = interleave([drawn[name] for name in weights], [weights[name] for name in weights])
     return train, evals
 

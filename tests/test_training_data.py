@@ -287,9 +287,9 @@ def test_the_regenerated_data_in_git_reads_as_response_rows(tmp_path) -> None:
         plain = tmp_path / file.stem  # the .jsonl
         plain.write_bytes(lzma.decompress(file.read_bytes()))
         rows = D.read_responses(plain)
-        assert rows and len({row["id"] for row in rows}) == len(rows), file.name
+        ids = {row["id"] for row in rows}
+        assert rows and len(ids) == len(rows), file.name
         assert all(row["response_ids"] and row["source"] for row in rows), file.name
         assert sequences_from_responses(rows, block_size=16, max_seq_len=448), file.name
-        ids = {row["id"] for row in rows}
         assert not ids & seen, f"{file.name} repeats prompts of an earlier file: each continues the draw"
         seen |= ids

@@ -131,7 +131,8 @@ def build_prompt_mix(
     Args:
         sources: prompt lists by source name; ids must be unique within a source.
         weights: share of ``total`` per source (normalised to sum 1).
-        total: number of training prompts wanted (fewer if sources run out).
+        total: number of training prompts wanted (fewer if sources run out: a warning names each such source;
+            none left at all is a ``ValueError``).
         tokenizer: the target tokenizer, for the length filter.
         n_eval: held-out prompts per source name.
         max_prompt_tokens: longest rendered prompt kept.
@@ -178,9 +179,8 @@ def build_prompt_mix(
     order = sorted(weights, key=lambda name: weights[name])
     wanted = {name: round(total * weights[name] / weight_sum) for name in order}
     drawn = {name: draw(pools[name], wanted[name]) for name in order}
-    short = {name: len(drawn[name]) for name in order if len(drawn[name]) < wanted[name]}
     cause = (
-        f"a duplicate, shares a 13-gram with the excluded prompts or is longer than max_prompt_tokens "
+        "a duplicate, shares a 13-gram with the excluded prompts or is longer than max_prompt_tokens "
         f"({max_prompt_tokens})"
     )
     if total > 0 and not any(drawn.values()):
@@ -188,12 +188,13 @@ def build_prompt_mix(
             f"No training prompt left in {sorted(sources)}: every prompt is already taken, {cause}. Raise "
             "--max-prompt-tokens, add another --source (e.g. jsonl:PATH), or exclude fewer prompt files."
         )
-    for name, count in short.items():
-        warnings.warn(
-            f"Source {name!r} ran out: {count} of {wanted[name]} prompts (the rest is {cause}); the mix is "
-            "skewed toward the other sources.",
-            stacklevel=2,
-        )
+    for name in order:
+        if len(drawn[name]) < wanted[name]:
+            warnings.warn(
+                f"Source {name!r} ran out: {len(drawn[name])} of {wanted[name]} prompts (the rest is {cause}); "
+                "the mix is skewed toward the other sources.",
+                stacklevel=2,
+            )
     train = interleave([drawn[name] for name in weights], [weights[name] for name in weights])
     return train, evals
 

@@ -71,6 +71,19 @@ def test_feature_cache_round_trip_and_resume(tmp_path) -> None:
         assert (tmp_path / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
 
 
+def test_feature_cache_stores_a_bfloat16_target(tmp_path) -> None:
+    """`features --dtype bfloat16` (AMX CPUs, GPUs): numpy has no bfloat16, the writer must convert."""
+    target = make_target("llama").to(torch.bfloat16)
+    ids = random_prompt(5, 14)[0].tolist()
+    cache = build_feature_cache(target, [("s0", ids)], tmp_path, [0, 2], with_predictions=True, top_k=4)
+    online = capture_features(target, torch.tensor([ids]), [0, 2], with_predictions=True, top_k=4)
+    stored = cache.get("s0")
+    torch.testing.assert_close(stored.hidden.float(), online.hidden.float(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(stored.top_logprobs.float(), online.top_logprobs.float(), atol=2e-2, rtol=1e-2)
+    assert torch.equal(stored.predictions, online.predictions)
+    assert torch.equal(stored.top_ids, online.top_ids)
+
+
 def test_feature_source_reads_a_subset_of_the_cached_layers(tmp_path) -> None:
     target = make_target("llama")
     seqs = [(f"s{i}", random_prompt(i, 10 + i)[0].tolist()) for i in range(2)]

@@ -203,7 +203,9 @@ class FeatureCacheWriter:
             self.shard, self.rows = self.shard + 1, 0
         for kind in self.row_widths:
             with _shard_path(self.directory, self.shard, kind).open("ab") as handle:
-                handle.write(getattr(features, kind)[0].detach().cpu().numpy().astype(_SHARD_FILES[kind][1]).tobytes())
+                value = getattr(features, kind)[0].detach().cpu()
+                value = value.float() if value.is_floating_point() else value  # numpy has no bfloat16
+                handle.write(value.numpy().astype(_SHARD_FILES[kind][1]).tobytes())
                 os.fsync(handle.fileno())
         entry = {"id": sequence_id, "shard": self.shard, "row": self.rows, "length": hidden.shape[1]}
         self._index.write(json.dumps(entry) + "\n")

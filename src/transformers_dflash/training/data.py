@@ -20,8 +20,9 @@ import re
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 from urllib.error import HTTPError, URLError
@@ -34,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..jsonl import read_jsonl, require_fields
 from ..prompts import Prompt, apply_chat
 from ..special_ids import stop_token_ids_of
+from .writer_lock import WriterLock
 
 
 def normalise(text: str) -> str:
@@ -215,15 +217,18 @@ def read_responses(path: str | Path) -> list[dict]:
     return [row for _, row in rows]
 
 
-def _open_for_append(path: Path) -> IO[str]:
-    """Open the output for appending, first cutting off a partial last line left by a killed run."""
+@contextmanager
+def _open_for_append(path: Path) -> Iterator[IO[str]]:
+    """The output opened for appending by this process alone, a partial last line left by a killed run cut off."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
+    path.touch()
+    with WriterLock(path, "responses"):
         data = path.read_bytes()
         if data and not data.endswith(b"\n"):
             with path.open("r+b") as handle:
                 handle.truncate(data.rfind(b"\n") + 1)
-    return path.open("a", encoding="utf-8")
+        with path.open("a", encoding="utf-8") as handle:
+            yield handle
 
 
 def _pending(prompts: list[Prompt], out_path: Path) -> list[Prompt]:

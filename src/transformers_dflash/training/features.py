@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ..modeling_dflash import extract_context_features, hidden_state_indices
+from .writer_lock import WriterLock
 
 
 @dataclass
@@ -152,25 +153,35 @@ class FeatureCacheWriter:
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        predictions = predictions or top_k > 0
-        meta = {"width": width, "target_layer_ids": list(target_layer_ids), "predictions": predictions, "top_k": top_k}
-        meta_path = self.directory / "meta.json"
-        if meta_path.exists():
-            found = json.loads(meta_path.read_text())
-            if {k: found.get(k, 0 if k == "top_k" else None) for k in meta} != meta:
-                raise ValueError(
-                    f"{self.directory} holds a feature cache for {found}, not {meta}; use another folder."
-                )
-            shard_tokens = found["shard_tokens"]
-        else:
-            meta_path.write_text(json.dumps({**meta, "shard_tokens": shard_tokens}) + "\n")
-        self.width, self.predictions, self.top_k, self.shard_tokens = width, predictions, top_k, shard_tokens
-        index = _read_index(self.directory)
-        self.done = {entry["id"] for entry in index}
-        last = index[-1] if index else {"shard": 0, "row": 0, "length": 0}
-        self.shard, self.rows = last["shard"], last["row"] + last["length"]
-        self._truncate_uncommitted()
-        self._index = (self.directory / "index.jsonl").open("a", encoding="utf-8")
+        self._lock = WriterLock(self.directory, "a feature cache")
+        try:  # the lock is released if the folder holds another cache or a damaged one
+            predictions = predictions or top_k > 0
+            meta = {
+                "width": width,
+                "target_layer_ids": list(target_layer_ids),
+                "predictions": predictions,
+                "top_k": top_k,
+            }
+            meta_path = self.directory / "meta.json"
+            if meta_path.exists():
+                found = json.loads(meta_path.read_text())
+                if {k: found.get(k, 0 if k == "top_k" else None) for k in meta} != meta:
+                    raise ValueError(
+                        f"{self.directory} holds a feature cache for {found}, not {meta}; use another folder."
+                    )
+                shard_tokens = found["shard_tokens"]
+            else:
+                meta_path.write_text(json.dumps({**meta, "shard_tokens": shard_tokens}) + "\n")
+            self.width, self.predictions, self.top_k, self.shard_tokens = width, predictions, top_k, shard_tokens
+            index = _read_index(self.directory)
+            self.done = {entry["id"] for entry in index}
+            last = index[-1] if index else {"shard": 0, "row": 0, "length": 0}
+            self.shard, self.rows = last["shard"], last["row"] + last["length"]
+            self._truncate_uncommitted()
+            self._index = (self.directory / "index.jsonl").open("a", encoding="utf-8")
+        except BaseException:
+            self._lock.release()
+            raise
 
     @property
     def row_widths(self) -> dict[str, int]:
@@ -214,8 +225,9 @@ class FeatureCacheWriter:
         self.done.add(sequence_id)
 
     def close(self) -> None:
-        """Closes the index file."""
+        """Closes the index file and lets another writer in."""
         self._index.close()
+        self._lock.release()
 
 
 class FeatureCache:

@@ -43,6 +43,7 @@ from .features import FeatureCache, FeatureSource, TargetFeatures
 from .objective import DraftObjective, ObjectiveOutput
 from .resume import check_drafter_config, check_train_config, trim_log
 from .sequences import TrainingSequence, response_vocabulary
+from .writer_lock import WriterLock
 
 LOG_FILE = "train_log.jsonl"
 
@@ -391,9 +392,18 @@ class DFlashTrainer:
         return step == self.total_steps or (step % every == 0 if every else step % self.plan.steps_per_epoch == 0)
 
     def train(self) -> dict[str, Any]:
-        """Runs (or resumes) training to the end of the schedule or `stop_after`; returns the trainer state."""
-        config, acc = self.config, self.accelerator
+        """Runs (or resumes) training to the end of the schedule or `stop_after`; returns the trainer state.
+
+        The main process holds a `WriterLock` on `output_dir` meanwhile: a second run on the same folder stops at once
+        with a clear error instead of writing over this one's checkpoints and log.
+        """
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        main = self.accelerator.is_main_process
+        with WriterLock(self.output_dir, "a training run") if main else contextlib.nullcontext():
+            return self._train()
+
+    def _train(self) -> dict[str, Any]:
+        config, acc = self.config, self.accelerator
         if self.resume():
             self._log({"event": "resume", "step": self.state["step"]})
         elif acc.is_main_process:

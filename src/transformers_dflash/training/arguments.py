@@ -127,7 +127,9 @@ def _prompt_flags() -> argparse.ArgumentParser:
         "--source",
         action="append",
         metavar="NAME[=WEIGHT]",
-        help="prompt set and its share, repeatable: gsm8k, sharegpt, code, stdlib, jsonl:PATH, hub:REPO[:CONFIG][@SPLIT] (online, needs `datasets`) (default: gsm8k)",
+        help="prompt set and its share, repeatable: gsm8k, sharegpt, code, stdlib, jsonl:PATH, package:NAME[,NAME...] "
+        "(HumanEval-shaped prompts from an installed package's functions), hub:REPO[:CONFIG][@SPLIT] (online, needs "
+        "`datasets`) (default: gsm8k)",
     )
     g.add_argument(
         "--gsm8k", default=os.environ.get("DFLASH_GSM8K"), help="GSM8K train JSONL (default: $DFLASH_GSM8K)"

@@ -127,7 +127,8 @@ def _prompt_flags() -> argparse.ArgumentParser:
         "--source",
         action="append",
         metavar="NAME[=WEIGHT]",
-        help="prompt set and its share, repeatable: gsm8k, sharegpt, code, stdlib, jsonl:PATH, package:NAME[,NAME...] "
+        help="prompt set and its share, repeatable: gsm8k, sharegpt, sharegpt-followups, code, stdlib, jsonl:PATH, "
+        "package:NAME[,NAME...] "
         "(HumanEval-shaped prompts from an installed package's functions), hub:REPO[:CONFIG][@SPLIT] (online, needs "
         "`datasets`) (default: gsm8k)",
     )

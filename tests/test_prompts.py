@@ -43,7 +43,8 @@ def _sharegpt_file(tmp_path):
 def test_unknown_name_lists_valid_ones():
     with pytest.raises(
         ValueError,
-        match="gsm8k, humaneval, mt-bench, sharegpt, sharegpt-followups, code, stdlib, jsonl:PATH, package:NAME",
+        match="gsm8k, humaneval, mt-bench, sharegpt, sharegpt-followups, sharegpt-second-turns, code, stdlib, jsonl:PATH, "
+        "package:NAME",
     ):
         P.load_prompts("gsm8k-test")
 
@@ -171,6 +172,31 @@ def test_sharegpt_followups_keep_standalone_later_turns(tmp_path):
     assert [p.id for p in P.load_prompts("sharegpt", path=str(file))] == ["c"]
 
 
+def test_sharegpt_second_turns_keep_the_first_turn_for_an_answer_in_context(tmp_path):
+    def conversation(cid, *texts):
+        who = ["human", "gpt"] * len(texts)
+        return {"id": cid, "conversations": [{"from": w, "value": t} for w, t in zip(who, texts, strict=False)]}
+
+    items = [
+        conversation("a", "Write an email to my team about the launch\\_date.", "Dear team...",
+                     "Rewrite your previous response in a formal tone.", "Dear colleagues..."),
+        conversation("b", "Summarise this.", "Summary", "continue"),
+        conversation("c", "Only one turn.", "Done"),
+        conversation("d", "Hi", "Hello", "x" * 601),  # a pasted document, not a request
+        {"id": "e", "conversations": [{"from": "gpt", "value": "a continued part"}, {"from": "human", "value": "ok"},
+                                      {"from": "gpt", "value": "..."}, {"from": "human", "value": "more"}]},
+    ]  # fmt: skip
+    file = tmp_path / "sharegpt.json"
+    file.write_text(json.dumps(items))
+    got = P.load_prompts("sharegpt-second-turns", path=str(file))
+    assert [(p.id, p.turns, p.reference, p.answers) for p in got] == [
+        ("a-t2", ["Write an email to my team about the launch_date.", "Rewrite your previous response in a formal tone."],
+         "Dear colleagues...", []),
+        ("b-t2", ["Summarise this.", "continue"], None, []),
+    ]  # fmt: skip
+    assert {p.dataset for p in got} == {"sharegpt-second-turns"}
+
+
 def _tiny_package(root, name="tinypkg"):
     """A package with a documented public function, one in a submodule, a private one, a test package, a
     function whose docstring is too long, one with ``os.environ`` as a default, and a module that prints and grows
@@ -237,11 +263,15 @@ def test_jsonl_fields_and_round_trip(tmp_path):
         ],
     )  # fmt: skip
     items = P.load_prompts(f"jsonl:{path}")
-    assert [(p.id, p.turns, p.reference) for p in items] == [
-        ("mine-0", ["p0"], None),
-        ("q", ["q1"], "42"),
-        ("mine-2", ["u1", "u2"], None),
+    assert [(p.id, p.turns, p.reference, p.answers) for p in items] == [
+        ("mine-0", ["p0"], None, []),
+        ("q", ["q1"], "42", []),
+        ("mine-2", ["u1", "u2"], None, ["a"]),
     ]
+    assert items[2].conversation() == [
+        {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "u2"}
+    ]  # fmt: skip
+    assert P.Prompt("mt", "mt", ["u1", "u2"]).conversation() == [{"role": "user", "content": "u1"}]
     back = P.load_prompts(f"jsonl:{P.write_prompts(items, tmp_path / 'out.jsonl')}")
     assert back == items
     _write_jsonl(tmp_path / "bad.jsonl", [{"text": "x"}])

@@ -293,3 +293,43 @@ def test_the_regenerated_data_in_git_reads_as_response_rows(tmp_path) -> None:
         assert sequences_from_responses(rows, block_size=16, max_seq_len=448), file.name
         assert not ids & seen, f"{file.name} repeats prompts of an earlier file: each continues the draw"
         seen |= ids
+
+
+def test_second_turns_are_answered_after_the_targets_own_first_answer(tokenizer, target, tmp_path):
+    from transformers_dflash.prompts import load_prompts, write_prompts
+    from transformers_dflash.training.arguments import build_parser
+    from transformers_dflash.training.cli import stage_prompts
+
+    firsts = _prompts(4)
+    first_rows = tmp_path / "first.jsonl"
+    D.regenerate_responses(target, tokenizer, firsts[:3], first_rows, batch_size=2, max_new_tokens=5)
+    packed = tmp_path / "first.jsonl.xz"  # data/ keeps responses xz-compressed; --first-answers reads them so
+    packed.write_bytes(lzma.compress(first_rows.read_bytes()))
+    answer = {r["id"]: tokenizer.decode(r["response_ids"], skip_special_tokens=True) for r in D.read_responses(packed)}
+    two_turns = [Prompt(f"c{i}-t2", "chat", [p.turns[0], f"w3{i} w1{i}"]) for i, p in enumerate(firsts)]
+    source = write_prompts([*two_turns, Prompt("single", "chat", ["w5 w6"])], tmp_path / "chat.jsonl")
+    flags = ["prompts", "--work-dir", str(tmp_path / "run"), "--num-prompts", "4", "--num-eval", "0"]
+    only_two = write_prompts(two_turns, tmp_path / "two.jsonl")
+    with pytest.raises(ValueError, match="none of its 4 multi-turn prompts .* Pass --first-answers RESPONSES"):
+        stage_prompts(build_parser().parse_args([*flags, "--source", f"jsonl:{only_two}"]), tokenizer)
+    flags += ["--source", f"jsonl:{source}", "--first-answers", str(packed)]
+    stage_prompts(build_parser().parse_args(flags), tokenizer)
+    drawn = {p.id.split(":")[-1]: p for p in load_prompts(f"jsonl:{tmp_path / 'run' / 'prompts.train.jsonl'}")}
+    assert sorted(drawn) == ["c0-t2", "c1-t2", "c2-t2", "single"]  # c3's first turn has no answer: dropped
+    for i in range(3):
+        assert drawn[f"c{i}-t2"].answers == [answer[f"src-{i}"]]
+    assert drawn["single"].answers == []
+
+    out = D.regenerate_responses(target, tokenizer, list(drawn.values()), tmp_path / "r.jsonl", max_new_tokens=5)
+    rows = {r["id"].split(":")[-1]: r for r in D.read_responses(out)}
+    eos_ids = [tokenizer.eos_token_id]
+    for i, p in enumerate(firsts[:3]):
+        messages = [{"role": "user", "content": p.turns[0]}, {"role": "assistant", "content": answer[f"src-{i}"]}]
+        messages.append({"role": "user", "content": f"w3{i} w1{i}"})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert rows[f"c{i}-t2"]["prompt_text"] == text and answer[f"src-{i}"] in text
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        out_ids = target.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=eos_ids, pad_token_id=1)
+        new = out_ids[0, ids.shape[1] :].tolist()
+        end = next((k + 1 for k, t in enumerate(new) if t in eos_ids), None)
+        assert rows[f"c{i}-t2"]["response_ids"] == (new[:end] if end else new)

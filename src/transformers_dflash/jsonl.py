@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import sys
 from pathlib import Path
 from typing import Any
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(1-based line number, object) for every non-blank line of a JSONL file (`.gz` is read compressed).
+    """(1-based line number, object) for every non-blank line of a JSONL file (`.gz` and `.xz` are read compressed).
 
     Raises a ValueError naming the file and the line for a line that is not a JSON object; a last line without
     its newline that does not parse (a killed writer) is dropped, with a notice on stderr.
     """
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     rows: list[tuple[int, dict[str, Any]]] = []
     with opener(path, "rt", encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):

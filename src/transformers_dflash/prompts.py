@@ -25,7 +25,7 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +50,24 @@ class Prompt:
         dataset: name of the set it came from.
         turns: the user turns, in order (one for single-turn sets, two for MT-Bench).
         reference: a reference answer where the source has one.
+        answers: the assistant's replies to the first turns, for a training prompt that continues a conversation
+            (``turns[k]`` is answered by ``answers[k]``); empty for evaluation sets, whose later turns are answered
+            by the model under test.
     """
 
     id: str
     dataset: str
     turns: list[str]
     reference: str | None = None
+    answers: list[str] = field(default_factory=list)
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The chat messages up to the first user turn without an answer (the last turn when all have one)."""
+        k = min(len(self.answers), len(self.turns) - 1)
+        messages = []
+        for turn, answer in zip(self.turns[:k], self.answers[:k], strict=True):
+            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
+        return [*messages, {"role": "user", "content": self.turns[k]}]
 
 
 def _package_dir(module: str, distribution: str) -> Path:
@@ -205,6 +217,31 @@ def load_sharegpt_followups(path: str | None = None) -> list[Prompt]:
                 continue
             reply = turns[i + 1].get("value") if i + 1 < len(turns) and not _is_user(turns[i + 1]) else None
             prompts.append(Prompt(f"{conversation_id}-t{k}", "sharegpt-followups", [text], reply))
+    return prompts
+
+
+SECOND_TURN_CHARS = (2, 600)
+
+
+def load_sharegpt_second_turns(path: str | None = None) -> list[Prompt]:
+    """ShareGPT V3 conversations cut after their second user turn, for TRAINING on answers given in context.
+
+    MT-Bench's second turns ("Rewrite your previous response ...") are answered with the model's own first answer in
+    the prompt; a drafter trained on single turns never sees a response that reuses the context. Each prompt has
+    two turns (the first user turn and the next one, of :data:`SECOND_TURN_CHARS` characters) and no answers: the
+    ``prompts`` stage fills in the target's own answer to the first turn from an earlier responses file
+    (``--first-answers``). Ids are ``<conversation>-t2``; the assistant reply that followed is the reference.
+    """
+    low, high = SECOND_TURN_CHARS
+    prompts = []
+    for conversation_id, turns in _sharegpt_conversations(path):
+        if len(turns) < 3 or not (_is_user(turns[0]) and not _is_user(turns[1]) and _is_user(turns[2])):
+            continue
+        first, second = _clean(turns[0].get("value", "")), _clean(turns[2].get("value", ""))
+        if not first or not low <= len(second) <= high:
+            continue
+        reply = turns[3].get("value") if len(turns) > 3 and not _is_user(turns[3]) else None
+        prompts.append(Prompt(f"{conversation_id}-t2", "sharegpt-second-turns", [first, second], reply))
     return prompts
 
 
@@ -401,14 +438,16 @@ def _rows_to_prompts(rows: Iterable[tuple[int, dict[str, Any]]], name: str, wher
     for i, (number, row) in enumerate(rows):
         turns = _row_turns(row, f"{where}:{number}")
         reference = row.get("reference", row.get("answer"))
-        prompts.append(Prompt(str(row.get("id", f"{name}-{i}")), row.get("dataset", name), turns, reference))
+        answers = [m["content"] for m in row.get("messages", []) if m.get("role") == "assistant"]
+        prompts.append(Prompt(str(row.get("id", f"{name}-{i}")), row.get("dataset", name), turns, reference, answers))
     return prompts
 
 
 def load_jsonl(path: str) -> list[Prompt]:
     """A generic JSONL prompt file: each row has ``prompt`` (str), ``question`` (str), ``messages`` or ``conversations``.
 
-    ``messages`` is a chat list (``{"role", "content"}``) whose user contents become the turns; ``conversations`` is
+    ``messages`` is a chat list (``{"role", "content"}``) whose user contents become the turns and whose assistant
+    contents the answers (a conversation that a training prompt continues); ``conversations`` is
     ShareGPT's (``{"from": "human", "value"}``). Optional fields: ``id`` (default: ``<file stem>-<row>``), ``dataset``
     (default: the file stem) and ``reference``/``answer``. :func:`write_prompts` writes this format.
     """
@@ -443,7 +482,11 @@ def write_prompts(prompts: list[Prompt], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for p in prompts:
-            messages = [{"role": "user", "content": turn} for turn in p.turns]
+            messages = []
+            for k, turn in enumerate(p.turns):
+                messages.append({"role": "user", "content": turn})
+                if k < len(p.answers):
+                    messages.append({"role": "assistant", "content": p.answers[k]})
             row = {"id": p.id, "dataset": p.dataset, "messages": messages, "reference": p.reference}
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
@@ -455,6 +498,7 @@ PROMPT_SETS: dict[str, Callable[[str | None], list[Prompt]]] = {
     "mt-bench": load_mt_bench,
     "sharegpt": load_sharegpt,
     "sharegpt-followups": load_sharegpt_followups,
+    "sharegpt-second-turns": load_sharegpt_second_turns,
     "code": load_code,
     "stdlib": load_stdlib,
 }

@@ -112,8 +112,8 @@ def _common_flags() -> argparse.ArgumentParser:
         "--responses",
         action="append",
         metavar="JSONL",
-        help="response file(s) in the training.data row format, repeatable, e.g. regenerated plus reference-answer "
-        "rows (default: WORK_DIR/responses.jsonl; `responses` writes the first)",
+        help="response file(s) in the training.data row format (.jsonl, or read compressed: .gz, .xz), repeatable, "
+        "e.g. regenerated plus reference-answer rows (default: WORK_DIR/responses.jsonl; `responses` writes the first)",
     )
     g.add_argument("--eval-file", help="held-out prompts JSONL (default: WORK_DIR/prompts.eval.jsonl)")
     g.add_argument("--max-sequences", type=int, help="use only the first N response rows (bounds the run time)")
@@ -127,8 +127,8 @@ def _prompt_flags() -> argparse.ArgumentParser:
         "--source",
         action="append",
         metavar="NAME[=WEIGHT]",
-        help="prompt set and its share, repeatable: gsm8k, sharegpt, sharegpt-followups, code, stdlib, jsonl:PATH, "
-        "package:NAME[,NAME...] "
+        help="prompt set and its share, repeatable: gsm8k, sharegpt, sharegpt-followups, sharegpt-second-turns (needs "
+        "--first-answers), code, stdlib, jsonl:PATH, package:NAME[,NAME...] "
         "(HumanEval-shaped prompts from an installed package's functions), hub:REPO[:CONFIG][@SPLIT] (online, needs "
         "`datasets`) (default: gsm8k)",
     )
@@ -144,6 +144,14 @@ def _prompt_flags() -> argparse.ArgumentParser:
         metavar="JSONL",
         help="prompt file(s) kept out of both splits, repeatable: an earlier run's prompts.train.jsonl and "
         "prompts.eval.jsonl when growing a data set (HumanEval and MT-Bench are always kept out)",
+    )
+    g.add_argument(
+        "--first-answers",
+        action="append",
+        metavar="RESPONSES",
+        help="responses file(s) (.jsonl, .gz or .xz) holding the target's own answers to first turns, repeatable: a "
+        "two-turn prompt (sharegpt-second-turns, or a jsonl file with two user turns) gets its first answer from "
+        "there, so `responses` answers its second turn in context; multi-turn prompts without one are dropped",
     )
     return p
 

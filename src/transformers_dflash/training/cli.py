@@ -106,9 +106,25 @@ def drafter_config(
 def stage_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> None:
     """Builds the training prompt mix and the held-out prompts."""
     sources, weights = {}, {}
+    answers = {}
+    for path in args.first_answers or []:
+        answers |= data.own_answers(data.read_responses(path), tokenizer)
     for spec in args.source:
         name, _, weight = spec.partition("=")
-        sources[name] = load_prompts(name, path=args.gsm8k if name == "gsm8k" else None)
+        prompts = load_prompts(name, path=args.gsm8k if name == "gsm8k" else None)
+        sources[name], dropped = data.answer_first_turns(prompts, answers, tokenizer)
+        if dropped:
+            print(
+                f"dflash-train: {name}: dropped {dropped} of {len(prompts)} multi-turn prompts whose earlier turns have "
+                "no answer (only two-turn prompts whose first turn a --first-answers file answers are kept)",
+                file=sys.stderr,
+            )
+        if prompts and not sources[name]:
+            raise ValueError(
+                f"Source {name!r}: none of its {len(prompts)} multi-turn prompts has the target's own answer to its "
+                "first turn. Pass --first-answers RESPONSES (an earlier responses.jsonl[.xz] whose prompts include "
+                "these first turns) so the second turn is answered in context."
+            )
         weights[name] = float(weight or 1.0)
     exclude = []
     for name in EVAL_SETS:

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 from urllib.error import HTTPError, URLError
@@ -108,8 +109,40 @@ def interleave(groups: list[list[Prompt]], weights: list[float]) -> list[Prompt]
 
 
 def chat_text(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> str:
-    """The first user turn of ``prompt`` rendered for generation through the tokenizer's chat template."""
-    return apply_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+    """``prompt``'s conversation (:meth:`Prompt.conversation`: its first user turn, or the turns it has answers for
+    and the next one) rendered for generation through the tokenizer's chat template."""
+    return apply_chat(tokenizer, prompt.conversation())
+
+
+def own_answers(rows: Iterable[dict], tokenizer: PreTrainedTokenizerBase) -> dict[str, str]:
+    """The target's answer text by rendered prompt (``prompt_text``), from rows the ``responses`` stage wrote; the
+    text is decoded as a chat would show it (special tokens, eos included, dropped)."""
+    return {
+        row["prompt_text"]: tokenizer.decode(row["response_ids"], skip_special_tokens=True)
+        for row in rows
+        if "prompt_text" in row
+    }
+
+
+def answer_first_turns(
+    prompts: list[Prompt], answers: dict[str, str], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[Prompt], int]:
+    """Two-turn prompts without answers get the target's own answer to their first turn from ``answers``
+    (:func:`own_answers`), so the ``responses`` stage answers their second turn in context.
+
+    Returns the prompts to keep and how many were dropped: a prompt with user turns before its last one that stay
+    unanswered (its first turn is not in ``answers``, or it has three or more turns) would otherwise be answered at
+    the first of them, a repeat of single-turn data. Single-turn and already answered prompts pass unchanged.
+    """
+    kept = []
+    for prompt in prompts:
+        if len(prompt.answers) < len(prompt.turns) - 1:
+            first = answers.get(apply_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}]))
+            if len(prompt.turns) != 2 or first is None:
+                continue
+            prompt = replace(prompt, answers=[first])
+        kept.append(prompt)
+    return kept, len(prompts) - len(kept)
 
 
 def build_prompt_mix(
@@ -173,7 +206,7 @@ def build_prompt_mix(
     pools = {}
     for name, prompts in sources.items():
         clean = decontaminate(dedupe(prompts), exclude) if exclude else dedupe(prompts)
-        renamed = [Prompt(f"{name}:{p.id}", name, p.turns, p.reference) for p in clean]
+        renamed = [replace(p, id=f"{name}:{p.id}", dataset=name) for p in clean]
         pools[name] = sorted(renamed, key=lambda p: _rank(p, seed))
     held_out = [draw(pool, n_eval.get(name, 0)) for name, pool in pools.items()]
     evals = interleave(held_out, [len(group) for group in held_out])  # any prefix samples every source
@@ -267,7 +300,8 @@ def regenerate_responses(
     sort_window: int = 8,
     seed: int = 0,
 ) -> Path:
-    """Generate the target's responses to ``prompts`` (first turn, through the chat template) into JSONL.
+    """Generate the target's responses to ``prompts`` (:func:`chat_text`: the first turn, or the next turn of a
+    conversation the prompt carries answers for) into JSONL.
 
     Batches are left-padded; within each window of ``sort_window`` batches prompts are sorted by length to cut
     padding while any prefix of the output keeps the input's source mix. Ids already in ``out_path`` are skipped.

@@ -70,3 +70,19 @@ def test_heldout_prompts_take_six_per_source_and_first_turns(tmp_path) -> None:
     left = [json.loads(line) for line in rest.read_text().splitlines()]
     assert [row["id"] for row in left] == ["sharegpt:6", "code:6", "sharegpt:7", "code:7"]
     assert {row["dataset"] for row in left} == {"rest-sharegpt", "rest-code"}
+
+
+def test_second_turn_heldout_prompts_carry_a_first_answer_and_were_never_trained_on() -> None:
+    import lzma
+
+    held = [json.loads(line) for line in (ROOT / "benchmarks" / "second_turns_heldout.jsonl").read_text().splitlines()]
+    assert len(held) == 40
+    for row in held:
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "user"], row["id"]
+        assert row["messages"][1]["content"].strip(), row["id"]  # the target's own first answer
+    trained = {
+        json.loads(line)["id"]
+        for file in (ROOT / "data").glob("*second-turns*.jsonl.xz")
+        for line in lzma.open(file, "rt")
+    }
+    assert trained and not trained & {row["id"] for row in held}

@@ -115,8 +115,8 @@ def stage_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) 
         sources[name], dropped = data.answer_first_turns(prompts, answers, tokenizer)
         if dropped:
             print(
-                f"dflash-train: {name}: dropped {dropped} of {len(prompts)} multi-turn prompts whose earlier turns have "
-                "no answer (only two-turn prompts whose first turn a --first-answers file answers are kept)",
+                f"dflash-train: {name}: dropped {dropped} of its {len(prompts)} prompts, multi-turn ones whose earlier "
+                "turns have no answer (only two-turn prompts whose first turn a --first-answers file answers are kept)",
                 file=sys.stderr,
             )
         if prompts and not sources[name]:

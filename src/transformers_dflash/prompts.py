@@ -61,13 +61,19 @@ class Prompt:
     reference: str | None = None
     answers: list[str] = field(default_factory=list)
 
+    def messages(self) -> list[dict[str, str]]:
+        """Every user turn as a chat message, each followed by its answer where the prompt has one."""
+        messages = []
+        for k, turn in enumerate(self.turns):
+            messages.append({"role": "user", "content": turn})
+            if k < len(self.answers):
+                messages.append({"role": "assistant", "content": self.answers[k]})
+        return messages
+
     def conversation(self) -> list[dict[str, str]]:
         """The chat messages up to the first user turn without an answer (the last turn when all have one)."""
-        k = min(len(self.answers), len(self.turns) - 1)
-        messages = []
-        for turn, answer in zip(self.turns[:k], self.answers[:k], strict=True):
-            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
-        return [*messages, {"role": "user", "content": self.turns[k]}]
+        answered = min(len(self.answers), len(self.turns) - 1)
+        return self.messages()[: 2 * answered + 1]
 
 
 def _package_dir(module: str, distribution: str) -> Path:
@@ -482,12 +488,7 @@ def write_prompts(prompts: list[Prompt], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for p in prompts:
-            messages = []
-            for k, turn in enumerate(p.turns):
-                messages.append({"role": "user", "content": turn})
-                if k < len(p.answers):
-                    messages.append({"role": "assistant", "content": p.answers[k]})
-            row = {"id": p.id, "dataset": p.dataset, "messages": messages, "reference": p.reference}
+            row = {"id": p.id, "dataset": p.dataset, "messages": p.messages(), "reference": p.reference}
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 

@@ -11,8 +11,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from transformers_dflash.prompts import Prompt
+from transformers_dflash.prompts import Prompt, load_prompts, write_prompts
 from transformers_dflash.training import data as D
+from transformers_dflash.training.arguments import build_parser
+from transformers_dflash.training.cli import main, stage_prompts
+from transformers_dflash.training.magpie import magpie_prompts
 from transformers_dflash.training.sequences import sequences_from_responses
 
 WORDS = [f"w{i}" for i in range(40)]
@@ -296,10 +299,6 @@ def test_the_regenerated_data_in_git_reads_as_response_rows(tmp_path) -> None:
 
 
 def test_second_turns_are_answered_after_the_targets_own_first_answer(tokenizer, target, tmp_path):
-    from transformers_dflash.prompts import load_prompts, write_prompts
-    from transformers_dflash.training.arguments import build_parser
-    from transformers_dflash.training.cli import stage_prompts
-
     firsts = _prompts(4)
     first_rows = tmp_path / "first.jsonl"
     D.regenerate_responses(target, tokenizer, firsts[:3], first_rows, batch_size=2, max_new_tokens=5)
@@ -311,9 +310,9 @@ def test_second_turns_are_answered_after_the_targets_own_first_answer(tokenizer,
     flags = ["prompts", "--work-dir", str(tmp_path / "run"), "--num-prompts", "4", "--num-eval", "0"]
     only_two = write_prompts(two_turns, tmp_path / "two.jsonl")
     with pytest.raises(ValueError, match="none of its 4 multi-turn prompts .* Pass --first-answers RESPONSES"):
-        stage_prompts(build_parser().parse_args([*flags, "--source", f"jsonl:{only_two}"]), tokenizer)
+        stage_prompts(build_parser().parse_args([*flags, "--source", f"jsonl:{only_two}"]), target, tokenizer)
     flags += ["--source", f"jsonl:{source}", "--first-answers", str(packed)]
-    stage_prompts(build_parser().parse_args(flags), tokenizer)
+    stage_prompts(build_parser().parse_args(flags), target, tokenizer)
     drawn = {p.id.split(":")[-1]: p for p in load_prompts(f"jsonl:{tmp_path / 'run' / 'prompts.train.jsonl'}")}
     assert sorted(drawn) == ["c0-t2", "c1-t2", "c2-t2", "single"]  # c3's first turn has no answer: dropped
     for i in range(3):
@@ -329,3 +328,41 @@ def test_second_turns_are_answered_after_the_targets_own_first_answer(tokenizer,
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert rows[f"c{i}-t2"]["prompt_text"] == text and answer[f"src-{i}"] in text
         assert rows[f"c{i}-t2"]["response_ids"] == _reference(target, tokenizer, drawn[f"c{i}-t2"], 5, eos_ids)
+
+
+def test_magpie_prompts_are_the_targets_own_complete_user_turns_seeded(tokenizer, target):
+    prompts = magpie_prompts(target, tokenizer, 6, max_prompt_tokens=64, batch_size=8, seed=3)
+    texts = [p.turns[0] for p in prompts]
+    assert [p.id for p in prompts] == [f"magpie-3-{k}" for k in range(6)]
+    assert {p.dataset for p in prompts} == {"magpie"} and all(len(p.turns) == 1 for p in prompts)
+    assert all(texts) and len({D.normalise(t) for t in texts}) == 6  # none empty, none repeated
+    assert all(set(t.split()) <= {*WORDS, "user", "assistant"} for t in texts)  # no special token leaks in
+    assert all(len(tokenizer(D.chat_text(tokenizer, p)).input_ids) <= 64 for p in prompts)
+    assert magpie_prompts(target, tokenizer, 6, max_prompt_tokens=64, batch_size=8, seed=3) == prompts
+    assert magpie_prompts(target, tokenizer, 6, max_prompt_tokens=64, batch_size=8, seed=4) != prompts
+
+
+def test_magpie_drops_turns_still_open_at_the_cap_and_says_so(tokenizer, target):
+    frame = len(tokenizer(D.chat_text(tokenizer, Prompt("x", "x", [""]))).input_ids)
+    with pytest.warns(UserWarning, match=r"magpie: \d+ of 50 prompts .* raise --max-prompt-tokens"):
+        prompts = magpie_prompts(target, tokenizer, 50, max_prompt_tokens=frame + 2, batch_size=8)
+    assert len(prompts) < 50 and all(1 <= len(p.turns[0].split()) <= 2 for p in prompts)
+
+
+def test_magpie_needs_a_chat_template(tokenizer, target):
+    plain = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, unk_token="<unk>")
+    with pytest.raises(ValueError, match="needs the target's chat template"):
+        magpie_prompts(target, plain, 4)
+
+
+def test_prompts_stage_draws_magpie_prompts_for_the_mix(tokenizer, target, tmp_path):
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    work = tmp_path / "run"
+    main(["prompts", "--target", str(tmp_path / "target"), "--work-dir", str(work), "--source", "magpie",
+          "--num-prompts", "5", "--num-eval", "1", "--max-prompt-tokens", "64", "--gen-batch-size", "8"])  # fmt: skip
+    train = [json.loads(line) for line in (work / "prompts.train.jsonl").open()]
+    held_out = [json.loads(line) for line in (work / "prompts.eval.jsonl").open()]
+    assert len(train) == 5 and len(held_out) == 1
+    assert {row["dataset"] for row in train + held_out} == {"magpie"}
+    assert all(row["messages"][0]["role"] == "user" and row["messages"][0]["content"] for row in train)

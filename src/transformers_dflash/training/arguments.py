@@ -10,7 +10,7 @@ STAGES = ("prompts", "responses", "features", "train", "export")
 DESCRIPTION = """\
 Stages (each reads the previous one's files in --work-dir and resumes where it stopped):
 
-    prompts    prompt mix from local sets              -> prompts.train.jsonl, prompts.eval.jsonl
+    prompts    prompt mix from local sets (or magpie)  -> prompts.train.jsonl, prompts.eval.jsonl
     responses  the target regenerates every response   -> responses.jsonl
     features   optional: one target pass, cached       -> features/ (fp16 shards, memory-mapped)
     train      the drafter                             -> checkpoints/step-*/, train_log.jsonl
@@ -51,6 +51,7 @@ EPILOG = """\
 examples, the embedded target (SmolLM2-135M-Instruct) on a 2-core CPU:
   dflash-train all --work-dir runs/smollm2 --gsm8k shared/datasets/gsm8k_train.jsonl    # ~1 h from scratch
   dflash-train all --start-at features --work-dir runs/d --responses R.jsonl --eval-file E.jsonl  # existing data
+  dflash-train all --work-dir runs/own --source magpie --num-prompts 2000    # no data set: the target writes them
 
 the paper's scale (arXiv 2602.06036), on GPUs; regenerate through a vLLM/SGLang server (--server-url) and train
 online (a feature cache for 800K x 3072 tokens x 5 layers x 4096 would be ~100 TB):
@@ -130,7 +131,8 @@ def _prompt_flags() -> argparse.ArgumentParser:
         help="prompt set and its share, repeatable: gsm8k, sharegpt, sharegpt-followups, sharegpt-second-turns (needs "
         "--first-answers), code, stdlib, jsonl:PATH, package:NAME[,NAME...] "
         "(HumanEval-shaped prompts from an installed package's functions), hub:REPO[:CONFIG][@SPLIT] (online, needs "
-        "`datasets`) (default: gsm8k)",
+        "`datasets`), magpie (chat requests the target writes itself after its template's user header: no data "
+        "needed) (default: gsm8k)",
     )
     g.add_argument(
         "--gsm8k", default=os.environ.get("DFLASH_GSM8K"), help="GSM8K train JSONL (default: $DFLASH_GSM8K)"
@@ -156,10 +158,16 @@ def _prompt_flags() -> argparse.ArgumentParser:
     return p
 
 
+def _generation_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("generation by the target (responses; prompts --source magpie)")
+    g.add_argument("--gen-batch-size", type=int, default=32, help="sequences per generate call (default: %(default)s)")
+    return p
+
+
 def _response_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("responses")
-    g.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate call (default: %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=160, help="response cap (paper 2048; default: %(default)s)")
     g.add_argument("--sample", action="store_true", help="sample responses instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
@@ -326,15 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    common, prompts, responses = _common_flags(), _prompt_flags(), _response_flags()
+    common, prompts, responses, generation = _common_flags(), _prompt_flags(), _response_flags(), _generation_flags()
     model, train, export = _model_flags(), _train_flags(), _export_flags()
     stages = {
-        "prompts": ([common, prompts], "build the prompt mix and the held-out prompts"),
-        "responses": ([common, responses], "regenerate every training response with the target"),
+        "prompts": ([common, prompts, generation], "build the prompt mix and the held-out prompts"),
+        "responses": ([common, responses, generation], "regenerate every training response with the target"),
         "features": ([common, model], "cache the target features of every sequence (optional)"),
         "train": ([common, model, train], "train the drafter (resumes from the newest checkpoint)"),
         "export": ([common, export], "write the z-lab layout and a model card"),
-        "all": ([common, prompts, responses, model, train, export], "every stage in order"),
+        "all": ([common, prompts, responses, generation, model, train, export], "every stage in order"),
     }
     for name, (parents, help_text) in stages.items():
         stage = sub.add_parser(name, parents=parents, help=help_text, description=help_text, epilog=EPILOG,

@@ -7,6 +7,7 @@ All logic lives in the library (`data`, `features`, `trainer`, `export`); these 
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from collections import Counter
@@ -18,13 +19,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from ..configuration_dflash import DFlashConfig, default_target_layer_ids
 from ..drafter import DFlashDraftModel
 from ..pair_check import check_pair
-from ..prompts import load_prompts, write_prompts
+from ..prompts import Prompt, load_prompts, write_prompts
 from ..special_ids import stop_token_ids_of
 from . import data
 from .arguments import DEFAULT_DRAFT_LAYERS, EMBEDDED, STAGES, TRAIN_FLAGS, build_parser
 from .checkpoint import latest_checkpoint
 from .export import export_drafter, record_target
 from .features import FeatureCache, build_feature_cache
+from .magpie import SOURCE as MAGPIE
+from .magpie import magpie_prompts
 from .reshape import reshape_config, reshape_drafter
 from .resume import check_shape_flags
 from .sequences import TrainingSequence, sequences_from_responses
@@ -103,15 +106,29 @@ def drafter_config(
     return config
 
 
-def stage_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> None:
+def _source_prompts(
+    args: argparse.Namespace, name: str, share: float, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> list[Prompt]:
+    """The prompts of one --source; `magpie` has the target write its share plus the held-out ones (5 % spare for
+    the later filters)."""
+    if name != MAGPIE:
+        return load_prompts(name, path=args.gsm8k if name == "gsm8k" else None)
+    count = math.ceil(1.05 * (round(args.num_prompts * share) + args.num_eval))
+    return magpie_prompts(
+        target, tokenizer, count, args.max_prompt_tokens, batch_size=args.gen_batch_size, seed=args.seed
+    )
+
+
+def stage_prompts(args: argparse.Namespace, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Builds the training prompt mix and the held-out prompts."""
     sources, weights = {}, {}
     answers = {}
     for path in args.first_answers or []:
         answers |= data.own_answers(data.read_responses(path), tokenizer)
-    for spec in args.source:
-        name, _, weight = spec.partition("=")
-        prompts = load_prompts(name, path=args.gsm8k if name == "gsm8k" else None)
+    specs = [(name, float(weight or 1.0)) for name, _, weight in (spec.partition("=") for spec in args.source)]
+    total = sum(weight for _, weight in specs)
+    for name, weight in specs:
+        prompts = _source_prompts(args, name, weight / total, target, tokenizer)
         sources[name], dropped = data.answer_first_turns(prompts, answers, tokenizer)
         if dropped:
             print(
@@ -125,7 +142,7 @@ def stage_prompts(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) 
                 "first turn. Pass --first-answers RESPONSES (an earlier responses.jsonl[.xz] whose prompts include "
                 "these first turns) so the second turn is answered in context."
             )
-        weights[name] = float(weight or 1.0)
+        weights[name] = weight
     exclude = []
     for name in EVAL_SETS:
         try:
@@ -321,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     target, tokenizer = load_target(args)
     if "prompts" in stages:
-        stage_prompts(args, _need(tokenizer, "The prompts stage"))
+        stage_prompts(args, target, _need(tokenizer, "The prompts stage"))
     if "responses" in stages:
         stage_responses(args, target, _need(tokenizer, "The responses stage"))
     config = drafter_config(args, target, tokenizer) if {"features", "train"} & set(stages) else None

@@ -108,8 +108,9 @@ def magpie_prompts(
                 if stop is None or new[stop] != end_of_turn:
                     continue  # still writing at the cap, or ended the text instead of the turn
                 text = tokenizer.decode(new[:stop], skip_special_tokens=True).strip()
-                if text and normalise(text) not in seen and len(prompts) < count:
-                    seen.add(normalise(text))
+                key = normalise(text)
+                if key and key not in seen and len(prompts) < count:
+                    seen.add(key)
                     prompts.append(Prompt(f"{SOURCE}-{seed}-{len(prompts)}", SOURCE, [text]))
                     bar.update(1)
     if len(prompts) < count:

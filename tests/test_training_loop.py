@@ -129,6 +129,7 @@ def test_export_records_the_target_and_writes_a_card(tmp_path) -> None:
         tmp_path / "export",
         base_model="tiny/llama",
         card_notes="## Evaluation\n\n| dataset | tau |\n|---|---|\n| gsm8k | 1.50 |\n",
+        tau=2.024,
     )
     files = {"config.json", "model.safetensors", "dflash.py", "README.md", "training.png"}
     assert {p.name for p in out.iterdir()} >= files
@@ -138,7 +139,8 @@ def test_export_records_the_target_and_writes_a_card(tmp_path) -> None:
     card = (out / "README.md").read_text()
     for needle in ("base_model: tiny/llama", "library_name: transformers", "pipeline_tag: text-generation",
                    "- dflash", "- speculative-decoding", "- block-diffusion", "license:", "assistant_model=drafter",
-                   "vllm serve", "sglang.launch_server", "dflash-train train --x", "wall time", "](training.png)", "## Evaluation\n\n| dataset | tau |"):  # fmt: skip
+                   "vllm serve", "sglang.launch_server", "dflash-train train --x", "wall time", "](training.png)", "## Evaluation\n\n| dataset | tau |",
+                   "| acceptance length tau (greedy, held-out prompts) | 2.02 |", "| tau by step | not measured |"):  # fmt: skip
         assert needle in card, needle
     loaded = DFlashDraftModel.from_pretrained(out)
     assert next(loaded.parameters()).dtype == torch.bfloat16

@@ -322,6 +322,12 @@ def _export_flags() -> argparse.ArgumentParser:
     g.add_argument("--license", default="apache-2.0", help="license in the card metadata (default: %(default)s)")
     g.add_argument("--repo-id", help="the drafter's Hub id, for the card's title and snippets")
     g.add_argument("--card-notes", help="markdown file appended to the model card (e.g. measured benchmark tables)")
+    g.add_argument(
+        "--tau",
+        type=float,
+        help="held-out tau for the card's tau field, measured outside the run (e.g. benchmarks/compare_drafters.py); "
+        "default: the run's last eval",
+    )
     return p
 
 

@@ -321,6 +321,7 @@ def stage_export(args: argparse.Namespace) -> Path:
         license=args.license,
         repo_id=args.repo_id,
         card_notes=Path(args.card_notes).read_text() if args.card_notes else None,
+        tau=args.tau,
     )
     print(f"dflash-train: exported {found.name} to {out}")
     return out

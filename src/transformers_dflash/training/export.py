@@ -72,12 +72,15 @@ def export_drafter(
     datasets: list[str] | None = None,
     repo_id: str | None = None,
     card_notes: str | None = None,
+    tau: float | None = None,
 ) -> Path:
     """Writes the drafter of `checkpoint` to `out_dir` in the z-lab layout (in `dtype`) with a model card.
 
     The card's training facts (steps, epochs, wall time, last measured tau) come from the checkpoint's
     `trainer_state.json` (with the command line and hardware the trainer recorded in `run_info`, unless
-    `command` is given); `data` describes the training data; `card_notes` (markdown) ends the card. The run's
+    `command` is given); `data` describes the training data; `card_notes` (markdown) ends the card; `tau`, a
+    held-out tau measured outside the run (e.g. by `benchmarks/compare_drafters.py`), takes the card's tau field
+    over the run's last eval (the "tau by step" row still lists the run's own evals). The run's
     training curves (`plots.plot_training_log` of its `train_log.jsonl`) go beside the weights as `training.png`
     and into the card, where matplotlib is installed.
     """
@@ -110,7 +113,7 @@ def export_drafter(
         config=drafter.config,
         repo_id=repo_id,
         license=license,
-        tau=evals[-1]["tau"] if evals else None,
+        tau=tau if tau is not None else (evals[-1]["tau"] if evals else None),
         training=training,
         command=command,
         datasets=datasets,
